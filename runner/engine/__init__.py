@@ -1,0 +1,32 @@
+"""runner.engine: the Accelerate programming model on torch.distributed.
+
+    from runner.engine import Accelerator
+
+Names and behaviour follow Accelerate's public API, so a script written for it runs after changing
+its imports (``accelerate`` -> ``runner.engine``, ``accelerate.utils`` -> ``runner.engine.utils``).
+"""
+
+from runner.engine.accelerator import Accelerator
+from runner.engine.checkpoint import ProjectConfiguration
+from runner.engine.data import DataLoaderConfiguration
+from runner.engine.distributed import DistributedType
+from runner.engine.optimizer import AcceleratedOptimizer, AcceleratedScheduler, GradientAccumulationPlugin
+from runner.engine.parallel import DistributedDataParallelKwargs
+from runner.engine.precision import AutocastKwargs, GradScalerKwargs
+from runner.engine.rng import set_seed
+from runner.engine.serialization import load_checkpoint_in_model
+
+__all__ = [
+    "AcceleratedOptimizer",
+    "AcceleratedScheduler",
+    "Accelerator",
+    "AutocastKwargs",
+    "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
+    "DistributedType",
+    "GradScalerKwargs",
+    "GradientAccumulationPlugin",
+    "ProjectConfiguration",
+    "load_checkpoint_in_model",
+    "set_seed",
+]

@@ -1,0 +1,625 @@
+"""The Accelerator: Accelerate's small set of verbs, delegating to one module per concern."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+
+from runner.engine import ops
+from runner.engine.checkpoint import (
+    ProjectConfiguration,
+    TrainingState,
+    checkpoint_number,
+    checkpoints_dir,
+    committed_checkpoints,
+    load_training_state,
+    rotate_checkpoints,
+    save_training_state,
+)
+from runner.engine.constants import CHECKPOINT_PREFIX
+from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader, prepare_data_loader
+from runner.engine.distributed import DistributedType, init_process_group, read_environment
+from runner.engine.optimizer import (
+    AcceleratedOptimizer,
+    AcceleratedScheduler,
+    GradientAccumulationPlugin,
+    GradientState,
+)
+from runner.engine.parallel import DistributedDataParallelKwargs, select_strategy, unwrap_module
+from runner.engine.precision import (
+    AutocastKwargs,
+    GradScalerKwargs,
+    Precision,
+    PrecisionType,
+    parse_mixed_precision,
+    remove_autocast,
+)
+from runner.engine.rng import synchronize_rng_states
+from runner.engine.serialization import save_model_files
+from runner.engine.tracking import GeneralTracker, build_trackers
+
+_SCHEDULER_TYPES = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+_KWARGS_HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, AutocastKwargs)
+
+
+def _sort_kwargs_handlers(handlers: list | None) -> dict[type, Any]:
+    found: dict[type, Any] = {}
+    for handler in handlers or []:
+        kind = next((k for k in _KWARGS_HANDLERS if isinstance(handler, k)), None)
+        if kind is None:
+            raise ValueError(
+                f"kwargs_handlers got {type(handler).__name__}; pass DistributedDataParallelKwargs, "
+                "GradScalerKwargs or AutocastKwargs."
+            )
+        if kind in found:
+            raise ValueError(f"kwargs_handlers holds two {kind.__name__}; pass one.")
+        found[kind] = handler
+    return found
+
+
+class Accelerator:
+    """Runs a plain PyTorch training loop on one process, or many with DDP, in mixed precision.
+
+    Args:
+        device_placement: Move prepared models and batches to ``self.device``.
+        split_batches: Shortcut for ``DataLoaderConfiguration(split_batches=True)``.
+        mixed_precision: ``"no"``, ``"fp16"`` (autocast and loss scaling), ``"bf16"``, or ``"fp8"``.
+        gradient_accumulation_steps: Micro-steps per optimizer step inside ``accumulate``.
+        cpu: Run on the CPU even when GPUs are visible.
+        log_with: Tracker name(s): ``"tensorboard"``, ``"jsonl"``, ``"all"``, or tracker objects.
+        project_dir: Folder for checkpoints and logs (shortcut for ``project_config.project_dir``).
+        project_config: Checkpoint naming and rotation, see :class:`ProjectConfiguration`.
+        dataloader_config: How loaders are sharded, see :class:`DataLoaderConfiguration`.
+        step_scheduler_with_optimizer: Step prepared schedulers with the optimizer (see
+            :class:`AcceleratedScheduler`); False steps them on every call.
+        rng_types: Generators made identical on all ranks at the start of every epoch (rank 0's
+            state wins): any of ``"torch"``, ``"cuda"``, ``"python"``, ``"numpy"``, ``"generator"``.
+        kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``, ``AutocastKwargs``.
+        gradient_accumulation_plugin: Accumulation settings; overrides ``gradient_accumulation_steps``.
+
+    Example:
+        >>> accelerator = Accelerator(mixed_precision="bf16")
+        >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        >>> for inputs, targets in loader:
+        ...     loss = loss_fn(model(inputs), targets)
+        ...     accelerator.backward(loss)
+        ...     optimizer.step()
+        ...     optimizer.zero_grad()
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool = False,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        log_with: str | GeneralTracker | list | None = None,
+        project_dir: str | os.PathLike | None = None,
+        project_config: ProjectConfiguration | None = None,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        rng_types: list[str] | None = None,
+        kwargs_handlers: list | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+    ) -> None:
+        self.state = read_environment(cpu=cpu)
+        init_process_group(self.state)
+        handlers = _sort_kwargs_handlers(kwargs_handlers)
+
+        self.project_configuration = project_config or ProjectConfiguration()
+        if project_dir is not None:
+            self.project_configuration.set_directories(project_dir)
+        self.dataloader_config = dataloader_config or DataLoaderConfiguration()
+        if split_batches:
+            self.dataloader_config.split_batches = True
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
+        self.log_with = log_with
+
+        precision = parse_mixed_precision(mixed_precision)
+        self._precision = Precision(
+            precision,
+            self.state.device,
+            scaler_kwargs=handlers.get(GradScalerKwargs),
+            autocast_kwargs=handlers.get(AutocastKwargs),
+        )
+        self.scaler = self._precision.scaler
+        plugin = gradient_accumulation_plugin or GradientAccumulationPlugin(num_steps=gradient_accumulation_steps)
+        self.gradient_state = GradientState(plugin)
+        self._strategy = select_strategy(self.state, ddp_kwargs=handlers.get(DistributedDataParallelKwargs))
+
+        self._models: list[nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[PreparedDataLoader] = []
+        self._custom_objects: list[Any] = []
+        self.trackers: list[GeneralTracker] = []
+        self._loaded_checkpoint: Path | None = None
+
+    # ----------------------------------------------------------------------------------- where we run
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def process_index(self) -> int:
+        return self.state.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_rank
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.world_size
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.state.distributed_type
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.is_distributed
+
+    @property
+    def mixed_precision(self) -> str:
+        return self._precision.mode.value
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        if steps < 1:
+            raise ValueError(f"gradient_accumulation_steps={steps} must be at least 1.")
+        self.gradient_state.num_steps = steps
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        return self.project_configuration.iteration
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether any prepared optimizer skipped its last step (inf/NaN gradients under fp16)."""
+        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
+
+    # ---------------------------------------------------------------------------------------- prepare
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, schedulers and dataloaders; return them in the order given.
+
+        Models go to the device (and into DDP across processes), optimizers and schedulers learn
+        about accumulation and loss scaling, dataloaders are sharded across processes. Anything
+        else comes back unchanged. Schedulers are prepared after the optimizers they drive.
+        """
+        if device_placement is None:
+            device_placement = [None] * len(args)
+        elif len(device_placement) != len(args):
+            raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects.")
+        prepared = list(args)
+        for i, (obj, place) in enumerate(zip(args, device_placement, strict=True)):
+            if not isinstance(obj, _SCHEDULER_TYPES):
+                prepared[i] = self._prepare_one(obj, device_placement=place)
+        for i, obj in enumerate(args):
+            if isinstance(obj, _SCHEDULER_TYPES):
+                prepared[i] = self.prepare_scheduler(obj)
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def _prepare_one(self, obj: Any, *, device_placement: bool | None) -> Any:
+        if isinstance(obj, nn.Module):
+            return self.prepare_model(obj, device_placement=device_placement)
+        if isinstance(obj, AcceleratedOptimizer):
+            return obj
+        if isinstance(obj, torch.optim.Optimizer):
+            return self.prepare_optimizer(obj)
+        if isinstance(obj, PreparedDataLoader):
+            return obj
+        if isinstance(obj, DataLoader):
+            return self.prepare_data_loader(obj, device_placement=device_placement)
+        return obj
+
+    def prepare_model(
+        self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> nn.Module:
+        """Place ``model``, run its forward under autocast, and wrap it for the parallel strategy.
+
+        Args:
+            evaluation_mode: Inference only: skip the parallel wrapper.
+        """
+        if device_placement if device_placement is not None else self.device_placement:
+            model.to(self.device)
+        if self._precision.mode is PrecisionType.FP16:
+            half = [name for name, p in model.named_parameters() if p.requires_grad and p.dtype == torch.float16]
+            if half:
+                raise ValueError(
+                    f"mixed_precision='fp16' keeps fp32 master weights, but parameter {half[0]!r} is already "
+                    "fp16; build the model in fp32 (autocast runs it in fp16)."
+                )
+        self._precision.apply(model)
+        if not evaluation_mode:
+            model = self._strategy.wrap_model(model)
+        self._models.append(model)
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
+        prepared = AcceleratedOptimizer(optimizer, gradient_state=self.gradient_state, scaler=self.scaler)
+        self._optimizers.append(prepared)
+        return prepared
+
+    def prepare_scheduler(self, scheduler) -> AcceleratedScheduler:
+        """Wrap ``scheduler`` so it steps only after its optimizer (prepared before it) really stepped."""
+        driving = [opt for opt in self._optimizers if scheduler.optimizer in (opt, opt.optimizer)]
+        prepared = AcceleratedScheduler(
+            scheduler,
+            optimizers=driving or self._optimizers,
+            gradient_state=self.gradient_state,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+            num_processes=self.num_processes,
+        )
+        self._schedulers.append(prepared)
+        return prepared
+
+    def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None) -> PreparedDataLoader:
+        place = device_placement if device_placement is not None else self.device_placement
+        prepared = prepare_data_loader(
+            data_loader,
+            device=self.device if place else None,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            gradient_state=self.gradient_state,
+            config=self.dataloader_config,
+            broadcast_seed=lambda seed: ops.broadcast_object_list([seed])[0],
+            on_epoch_start=self._on_epoch_start if self._syncs_rng() else None,
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def _syncs_rng(self) -> bool:
+        return self.use_distributed and any(kind != "generator" for kind in self.rng_types)
+
+    def _on_epoch_start(self) -> None:
+        synchronize_rng_states(self.rng_types)
+
+    # ------------------------------------------------------------------------------- the training step
+    def backward(self, loss: torch.Tensor, **kwargs) -> None:
+        """``loss.backward()``, divided by the accumulation steps and scaled under fp16."""
+        if self.gradient_state.num_steps > 1:
+            loss = loss / self.gradient_state.num_steps
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward(**kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: nn.Module) -> Iterator[None]:
+        """One micro-step of gradient accumulation.
+
+        Gradients sync (and prepared optimizers step) every ``gradient_accumulation_steps``
+        micro-steps and at the last batch of the loader; in between, backward runs under the
+        strategy's ``no_sync`` so nothing is communicated.
+        """
+        self.gradient_state.advance()
+        with contextlib.ExitStack() as stack:
+            if not self.gradient_state.sync_gradients:
+                for model in models:
+                    stack.enter_context(self._strategy.no_sync(model))
+            yield
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        """Skip gradient synchronisation for the backward passes inside (DDP's ``no_sync``)."""
+        with self._strategy.no_sync(model):
+            yield
+
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
+        """Autocast for code outside the prepared model's forward (a no-op without mixed precision)."""
+        if autocast_handler is not None and not autocast_handler.enabled:
+            return contextlib.nullcontext()
+        return self._precision.autocast()
+
+    def unscale_gradients(self, optimizer: AcceleratedOptimizer | None = None) -> None:
+        """Divide gradients by the fp16 loss scale (done for you by the clip methods)."""
+        for opt in [optimizer] if optimizer is not None else self._optimizers:
+            opt.unscale_gradients()
+
+    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
+        """Clip the gradients' total norm, after unscaling under fp16.
+
+        Clipping applies to the whole accumulated gradient, so on micro-steps that do not sync it
+        does nothing and returns None.
+
+        Returns:
+            The total norm of the gradients before clipping.
+        """
+        if not self.sync_gradients:
+            return None
+        self.unscale_gradients()
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters, clip_value: float) -> None:
+        """Clamp every gradient to ``[-clip_value, clip_value]``, after unscaling under fp16."""
+        if not self.sync_gradients:
+            return
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    # ------------------------------------------------------------------------------------ collectives
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate ``tensor`` (or a nest of them) from all processes along dim 0."""
+        return ops.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather for evaluation: like ``gather``, without the samples that padded the last batch.
+
+        Over a full pass of a prepared loader, the results concatenate to exactly one entry per
+        sample of the dataset. Non-tensor data (or ``use_gather_object=True``) is gathered as a
+        list of picklable objects.
+        """
+        is_tensors = _only_tensors(input_data)
+        data = ops.gather(input_data) if is_tensors and not use_gather_object else ops.gather_object(input_data)
+        remainder = self.gradient_state.remainder
+        if self.gradient_state.end_of_dataloader and remainder > 0:
+            data = ops.truncate(data, remainder) if is_tensors and not use_gather_object else data[:remainder]
+        return data
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        return ops.reduce(tensor, reduction=reduction, scale=scale)
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point."""
+        if self.use_distributed:
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first (to download or cache), then on the others."""
+        with self._first(self.is_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Run the block on each node's main process first, then on the node's other processes."""
+        with self._first(self.is_local_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def _first(self, is_first: bool) -> Iterator[None]:
+        if not is_first:
+            self.wait_for_everyone()
+        yield
+        if is_first:
+            self.wait_for_everyone()
+
+    def print(self, *args, **kwargs) -> None:
+        """``print`` on the main process only."""
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    # ---------------------------------------------------------------------------------------- models
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
+        """The original module inside a prepared one (without the autocast forward, if asked)."""
+        module = unwrap_module(model)
+        return module if keep_fp32_wrapper else remove_autocast(module)
+
+    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The model's full state dict, with the wrappers' prefixes removed."""
+        return (self.unwrap_model(model) if unwrap else model).state_dict()
+
+    def save_model(
+        self,
+        model: nn.Module,
+        save_directory: str | os.PathLike,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the model's weights (main process only): ``model.safetensors``, or shards and an index.
+
+        Example:
+            >>> accelerator.save_model(model, "out/model", max_shard_size="1GB")
+        """
+        state_dict = self.get_state_dict(model)
+        if self.is_main_process:
+            save_model_files(
+                state_dict,
+                save_directory,
+                max_shard_size=max_shard_size,
+                safe_serialization=safe_serialization,
+            )
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and restore ``objects`` (each with ``state_dict``/``load_state_dict``) with the state."""
+        invalid = [type(obj).__name__ for obj in objects if not _is_stateful(obj)]
+        if invalid:
+            raise ValueError(
+                f"register_for_checkpointing needs objects with state_dict and load_state_dict; got {invalid}."
+            )
+        self._custom_objects.extend(objects)
+
+    def _training_state(self) -> TrainingState:
+        return TrainingState(
+            models=[self.unwrap_model(model) for model in self._models],
+            optimizers=self._optimizers,
+            schedulers=self._schedulers,
+            scaler=self.scaler,
+            custom_objects=self._custom_objects,
+        )
+
+    def save_state(self, output_dir: str | os.PathLike | None = None) -> str:
+        """Save models, optimizers, schedulers, scaler, RNG states and registered objects.
+
+        With ``automatic_checkpoint_naming`` the folder is ``project_dir/checkpoints/checkpoint_{i}``
+        and ``i`` advances after each save; ``total_limit`` then keeps the newest checkpoints. The
+        folder appears only once complete. Every process must call this.
+
+        Returns:
+            The checkpoint folder.
+
+        Raises:
+            ValueError: No folder was given (and naming is not automatic), or the automatic name is
+                already taken.
+        """
+        config = self.project_configuration
+        if config.automatic_checkpoint_naming:
+            if output_dir is not None:
+                warnings.warn("save_state(output_dir) is ignored under automatic_checkpoint_naming.", stacklevel=2)
+            if self.project_dir is None:
+                raise ValueError(
+                    "automatic_checkpoint_naming needs a project_dir; pass project_dir= to the Accelerator."
+                )
+            target = checkpoints_dir(self.project_dir) / f"{CHECKPOINT_PREFIX}{config.iteration}"
+            if target.exists():
+                raise ValueError(
+                    f"Checkpoint folder {target} already exists; load_state() it to continue after it, or set "
+                    "ProjectConfiguration(iteration=...) to a free number."
+                )
+        elif output_dir is None:
+            raise ValueError(
+                "save_state() needs an output_dir unless ProjectConfiguration(automatic_checkpoint_naming=True)."
+            )
+        else:
+            target = Path(output_dir)
+        save_training_state(
+            target,
+            self._training_state(),
+            rank=self.process_index,
+            world_size=self.num_processes,
+            barrier=self.wait_for_everyone,
+            iteration=config.iteration if config.automatic_checkpoint_naming else None,
+        )
+        if config.automatic_checkpoint_naming:
+            config.iteration += 1
+            if config.total_limit is not None and self.is_main_process:
+                rotate_checkpoints(target.parent, total_limit=config.total_limit, protect=self._loaded_checkpoint)
+        return str(target)
+
+    def load_state(self, input_dir: str | os.PathLike | None = None) -> None:
+        """Restore what :meth:`save_state` saved; every process must call this after ``prepare``.
+
+        Without ``input_dir`` (and with automatic naming) the newest committed checkpoint of
+        ``project_dir`` is loaded. After loading ``checkpoint_K`` the next automatic save is
+        ``checkpoint_{K+1}``.
+        """
+        if input_dir is None:
+            if not (self.project_configuration.automatic_checkpoint_naming and self.project_dir):
+                raise ValueError("load_state() needs an input_dir unless automatic_checkpoint_naming is on.")
+            found = committed_checkpoints(checkpoints_dir(self.project_dir))
+            if not found:
+                raise FileNotFoundError(f"No complete checkpoint in {checkpoints_dir(self.project_dir)} to load.")
+            input_dir = found[-1]
+        checkpoint = Path(input_dir)
+        manifest = load_training_state(checkpoint, self._training_state(), rank=self.process_index)
+        if manifest["world_size"] != self.num_processes:
+            warnings.warn(
+                f"{checkpoint} was saved by {manifest['world_size']} processes and is loaded by "
+                f"{self.num_processes}; random number streams are not restored on the ranks it lacks.",
+                stacklevel=2,
+            )
+        self._loaded_checkpoint = checkpoint
+        number = checkpoint_number(checkpoint)
+        if self.project_configuration.automatic_checkpoint_naming and number is not None:
+            self.project_configuration.iteration = number + 1
+
+    # ---------------------------------------------------------------------------------------- trackers
+    def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:
+        """Start the trackers of ``log_with`` (main process only) and record ``config`` as hyperparameters."""
+        if not self.is_main_process:
+            return
+        self.trackers = build_trackers(
+            self.log_with, run_name=project_name, logging_dir=self.logging_dir, init_kwargs=init_kwargs
+        )
+        if config is not None:
+            for tracker in self.trackers:
+                tracker.store_init_configuration(config)
+
+    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict | None = None) -> None:
+        """Send ``values`` to every tracker (main process only)."""
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called ``name`` (its underlying object with ``unwrap=True``)."""
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        raise ValueError(f"No tracker named {name!r} was started; trackers: {[t.name for t in self.trackers]}.")
+
+    def end_training(self) -> None:
+        """Close the trackers and wait for every process."""
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
+        self.wait_for_everyone()
+
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Drop references to everything prepared, collect garbage, and release cached GPU memory."""
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self._custom_objects.clear()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return [None] * len(objects)
+
+    clear = free_memory
+
+    def __repr__(self) -> str:
+        return (
+            f"Accelerator(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
+            f"process_index={self.process_index}, device={self.device}, mixed_precision={self.mixed_precision})"
+        )
+
+
+def _only_tensors(data: Any) -> bool:
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, (list, tuple)):
+        return all(_only_tensors(item) for item in data)
+    if isinstance(data, dict):
+        return all(_only_tensors(item) for item in data.values())
+    return False
+
+
+def _is_stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))

@@ -1,0 +1,300 @@
+"""Training state on disk: save_state/load_state folders, their naming, rotation and atomic commit.
+
+A checkpoint exists only when complete. Every rank writes into ``<name>.incomplete``; once all have
+finished, rank 0 writes ``manifest.json`` last and renames the folder to its final name. A folder
+without a manifest is never loaded or counted, and rotation deletes only committed checkpoints, only
+after the new one is committed, and never the one this run was loaded from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runner.engine.constants import (
+    CHECKPOINT_PREFIX,
+    CHECKPOINTS_DIR,
+    CUSTOM_STATE_NAME,
+    INCOMPLETE_SUFFIX,
+    MANIFEST_NAME,
+    MODEL_NAME,
+    OPTIMIZER_NAME,
+    RNG_STATE_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+)
+from runner.engine.rng import get_rng_state, set_rng_state
+from runner.engine.serialization import load_safetensors, save_safetensors
+
+MANIFEST_FORMAT = 1
+_CHECKPOINT_RE = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
+
+
+@dataclass
+class ProjectConfiguration:
+    """Where a project writes, and how it names and rotates checkpoints (Accelerate's names).
+
+    Args:
+        project_dir: The folder for checkpoints (``project_dir/checkpoints``) and logs.
+        logging_dir: Where trackers write; defaults to ``project_dir``.
+        automatic_checkpoint_naming: ``save_state()`` writes ``checkpoints/checkpoint_{iteration}``.
+        total_limit: Keep at most this many checkpoints (the newest) under automatic naming.
+        iteration: The number the next automatically named checkpoint gets.
+    """
+
+    project_dir: str | None = None
+    logging_dir: str | None = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: int | None = None
+    iteration: int = 0
+
+    def __post_init__(self) -> None:
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir
+        if self.total_limit is not None and self.total_limit < 1:
+            raise ValueError(f"total_limit={self.total_limit} must be at least 1 (or None to keep all).")
+
+    def set_directories(self, project_dir: str | os.PathLike | None = None) -> None:
+        """Set ``project_dir`` (and ``logging_dir`` if it was unset)."""
+        self.project_dir = None if project_dir is None else str(project_dir)
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir
+
+
+def checkpoint_number(path: str | os.PathLike) -> int | None:
+    """N for a folder named ``checkpoint_N``, else None."""
+    match = _CHECKPOINT_RE.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def is_committed(path: str | os.PathLike) -> bool:
+    return (Path(path) / MANIFEST_NAME).is_file()
+
+
+def committed_checkpoints(checkpoints_dir: str | os.PathLike) -> list[Path]:
+    """The committed ``checkpoint_N`` folders in ``checkpoints_dir``, oldest first; anything else is ignored."""
+    directory = Path(checkpoints_dir)
+    if not directory.is_dir():
+        return []
+    found = [(checkpoint_number(p), p) for p in directory.iterdir() if p.is_dir()]
+    return [p for n, p in sorted(found, key=lambda item: item[0] or 0) if n is not None and is_committed(p)]
+
+
+def checkpoints_dir(project_dir: str | os.PathLike) -> Path:
+    return Path(project_dir) / CHECKPOINTS_DIR
+
+
+def indexed_name(stem: str, index: int, suffix: str) -> str:
+    """``model.safetensors``, ``model_1.safetensors``, ...: the first object has no index."""
+    return f"{stem}{suffix}" if index == 0 else f"{stem}_{index}{suffix}"
+
+
+def rng_state_name(rank: int) -> str:
+    return f"{RNG_STATE_NAME}_{rank}.pt"
+
+
+def _torch_save_atomically(obj: Any, path: Path) -> None:
+    partial = path.with_name(path.name + ".tmp")
+    torch.save(obj, partial)
+    os.replace(partial, path)
+
+
+def _torch_load(path: Path) -> Any:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@dataclass
+class TrainingState:
+    """What one Accelerator saves: the prepared objects, in the order they were prepared."""
+
+    models: Sequence[torch.nn.Module]  # unwrapped modules
+    optimizers: Sequence[Any]
+    schedulers: Sequence[Any]
+    scaler: torch.amp.GradScaler | None
+    custom_objects: Sequence[Any]
+
+
+def staging_dir(target: Path) -> Path:
+    return target.with_name(target.name + INCOMPLETE_SUFFIX)
+
+
+def save_training_state(
+    target: Path,
+    state: TrainingState,
+    *,
+    rank: int,
+    world_size: int,
+    barrier: Callable[[], None],
+    iteration: int | None = None,
+) -> Path:
+    """Write ``state`` as the checkpoint folder ``target``, committing it atomically.
+
+    Every rank calls this; the order of barriers is the same on all of them.
+    """
+    staging = staging_dir(target)
+    if rank == 0:
+        if staging.exists():
+            shutil.rmtree(staging)  # left by a save that crashed; never a committed checkpoint
+        staging.mkdir(parents=True)
+    barrier()  # the staging folder exists before anyone writes into it
+    if rank == 0:
+        _write_main_state(staging, state)
+    _torch_save_atomically(get_rng_state(), staging / rng_state_name(rank))
+    barrier()  # every rank's files are on disk before the manifest lists them
+    if rank == 0:
+        _write_manifest(staging, world_size=world_size, iteration=iteration)
+        _commit(staging, target)
+    barrier()  # nobody moves on (or rotates, or loads) before the commit
+    return target
+
+
+def _write_main_state(staging: Path, state: TrainingState) -> None:
+    for i, model in enumerate(state.models):
+        save_safetensors(model.state_dict(), staging / indexed_name(MODEL_NAME, i, ".safetensors"))
+    for i, optimizer in enumerate(state.optimizers):
+        _torch_save_atomically(optimizer.state_dict(), staging / indexed_name(OPTIMIZER_NAME, i, ".bin"))
+    for i, scheduler in enumerate(state.schedulers):
+        _torch_save_atomically(scheduler.state_dict(), staging / indexed_name(SCHEDULER_NAME, i, ".bin"))
+    if state.scaler is not None:
+        _torch_save_atomically(state.scaler.state_dict(), staging / SCALER_NAME)
+    for i, obj in enumerate(state.custom_objects):
+        _torch_save_atomically(obj.state_dict(), staging / f"{CUSTOM_STATE_NAME}_{i}.pt")
+
+
+def _write_manifest(staging: Path, *, world_size: int, iteration: int | None) -> None:
+    files = {p.name: {"bytes": p.stat().st_size} for p in sorted(staging.iterdir()) if p.is_file()}
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "iteration": iteration,
+        "world_size": world_size,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "files": files,
+    }
+    partial = staging / (MANIFEST_NAME + ".tmp")
+    partial.write_text(json.dumps(manifest, indent=2))
+    os.replace(partial, staging / MANIFEST_NAME)
+
+
+def _commit(staging: Path, target: Path) -> None:
+    if not target.exists():
+        os.replace(staging, target)
+        return
+    # An explicit output_dir that already holds a checkpoint: swap, then delete the old one, so a
+    # crash at any moment leaves either the old or the new checkpoint intact.
+    previous = target.with_name(target.name + ".previous")
+    if previous.exists():
+        shutil.rmtree(previous)
+    os.replace(target, previous)
+    os.replace(staging, target)
+    shutil.rmtree(previous)
+
+
+def rotate_checkpoints(directory: Path, *, total_limit: int, protect: Path | None = None) -> list[Path]:
+    """Delete committed checkpoints older than the newest ``total_limit``, except ``protect``.
+
+    Returns:
+        The folders deleted.
+    """
+    checkpoints = committed_checkpoints(directory)
+    keep = {path.resolve() for path in checkpoints[-total_limit:]}
+    if protect is not None:
+        keep.add(protect.resolve())
+    deleted = [path for path in checkpoints if path.resolve() not in keep]
+    for path in deleted:
+        shutil.rmtree(path)
+    return deleted
+
+
+def read_manifest(checkpoint: Path) -> dict[str, Any]:
+    """The checkpoint's manifest, after checking every file it lists is present and complete."""
+    if not checkpoint.is_dir():
+        raise FileNotFoundError(f"Checkpoint folder {checkpoint} does not exist; check the path.")
+    manifest_path = checkpoint / MANIFEST_NAME
+    if not manifest_path.is_file():
+        raise ValueError(
+            f"{checkpoint} is not a complete checkpoint (it has no {MANIFEST_NAME}); it was not fully "
+            "written, so load a different checkpoint."
+        )
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{manifest_path} is corrupted; load a different checkpoint.") from None
+    for name, entry in files.items():
+        path = checkpoint / name
+        if not path.is_file():
+            raise ValueError(f"{path} is missing from the checkpoint; load a different checkpoint.")
+        if path.stat().st_size != entry["bytes"]:
+            raise ValueError(
+                f"{path} has {path.stat().st_size} bytes but the manifest says {entry['bytes']}; the file is "
+                "truncated or was changed, so load a different checkpoint."
+            )
+    return manifest
+
+
+def load_training_state(checkpoint: Path, state: TrainingState, *, rank: int) -> dict[str, Any]:
+    """Restore ``state`` in place from a committed checkpoint folder.
+
+    Returns:
+        The checkpoint's manifest.
+
+    Raises:
+        ValueError: The folder is incomplete or damaged, or holds a different set of objects.
+    """
+    manifest = read_manifest(checkpoint)
+    files = manifest["files"]
+    expected = [indexed_name(MODEL_NAME, i, ".safetensors") for i in range(len(state.models))]
+    saved_models = sorted(name for name in files if name.startswith(MODEL_NAME) and name.endswith(".safetensors"))
+    if sorted(expected) != saved_models:
+        raise ValueError(
+            f"{checkpoint} holds {len(saved_models)} model(s) but {len(state.models)} were prepared; prepare "
+            "the same models as the run that saved it."
+        )
+    for name, model in zip(expected, state.models, strict=True):
+        _load_model(checkpoint / name, model)
+    _load_each(checkpoint, state.optimizers, OPTIMIZER_NAME, ".bin", files)
+    _load_each(checkpoint, state.schedulers, SCHEDULER_NAME, ".bin", files)
+    if state.scaler is not None and SCALER_NAME in files:
+        state.scaler.load_state_dict(_torch_load(checkpoint / SCALER_NAME))
+    for i, obj in enumerate(state.custom_objects):
+        name = f"{CUSTOM_STATE_NAME}_{i}.pt"
+        if name not in files:
+            raise ValueError(f"{checkpoint} has no {name} for registered object {i}; register the same objects.")
+        obj.load_state_dict(_torch_load(checkpoint / name))
+    rng_file = rng_state_name(rank)
+    if rng_file in files:
+        set_rng_state(_torch_load(checkpoint / rng_file))
+    return manifest
+
+
+def _load_model(path: Path, model: torch.nn.Module) -> None:
+    state_dict = load_safetensors(path)
+    try:
+        result = model.load_state_dict(state_dict, strict=False)
+    except RuntimeError as error:  # shape mismatches raise even when not strict
+        detail = str(error).strip().splitlines()[-1].strip()
+        raise ValueError(
+            f"{path} does not fit the prepared model ({detail}); load a checkpoint of the same model."
+        ) from None
+    if result.missing_keys or result.unexpected_keys:
+        raise ValueError(
+            f"{path} does not fit the prepared model (missing keys: {result.missing_keys[:5]}, unexpected "
+            f"keys: {result.unexpected_keys[:5]}); load a checkpoint of the same model."
+        )
+
+
+def _load_each(checkpoint: Path, objects: Sequence[Any], stem: str, suffix: str, files: dict) -> None:
+    for i, obj in enumerate(objects):
+        name = indexed_name(stem, i, suffix)
+        if name not in files:
+            raise ValueError(f"{checkpoint} has no {name}; prepare the same objects as the run that saved it.")
+        obj.load_state_dict(_torch_load(checkpoint / name))

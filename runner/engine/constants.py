@@ -1,0 +1,21 @@
+"""File and folder names of checkpoints and saved models, defined once."""
+
+SAFE_WEIGHTS_NAME = "model.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+SAFE_WEIGHTS_SHARD_PATTERN = "model-{index:05d}-of-{total:05d}.safetensors"
+WEIGHTS_NAME = "pytorch_model.bin"
+WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
+WEIGHTS_SHARD_PATTERN = "pytorch_model-{index:05d}-of-{total:05d}.bin"
+
+# Inside a save_state folder: model.safetensors, model_1.safetensors, optimizer.bin, optimizer_1.bin, ...
+MODEL_NAME = "model"
+OPTIMIZER_NAME = "optimizer"
+SCHEDULER_NAME = "scheduler"
+SCALER_NAME = "scaler.pt"
+RNG_STATE_NAME = "random_states"
+CUSTOM_STATE_NAME = "custom_checkpoint"
+MANIFEST_NAME = "manifest.json"
+
+CHECKPOINTS_DIR = "checkpoints"
+CHECKPOINT_PREFIX = "checkpoint_"
+INCOMPLETE_SUFFIX = ".incomplete"

@@ -1,0 +1,136 @@
+"""Where this process stands: rank, world size, device and backend, read from the environment.
+
+torchrun, torch's elastic agent and our own launcher all describe a worker with the same variables
+(RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). We read them once into
+an immutable value that is passed around; there is no process-wide state object besides the torch
+process group itself.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+class DistributedType(str, enum.Enum):
+    """How the work is spread over processes (Accelerate's names)."""
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+
+
+@dataclass(frozen=True)
+class DistributedEnvironment:
+    """One process's place in the job. Build it with :func:`read_environment`."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    backend: str | None = None
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_rank == 0
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        if not self.is_distributed:
+            return DistributedType.NO
+        return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
+
+
+def _int_env(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"Environment variable {name}={value!r} is not an integer; unset it or fix it.") from None
+
+
+def read_environment(*, cpu: bool = False) -> DistributedEnvironment:
+    """Read rank, world size and device from the torchrun/elastic environment variables.
+
+    Args:
+        cpu: Use the CPU (and gloo) even when CUDA devices are visible.
+
+    Returns:
+        The environment of this process. Without WORLD_SIZE (a plain ``python script.py``) it is a
+        single process on ``cuda:0`` when CUDA is available, else on the CPU.
+    """
+    world_size = _int_env("WORLD_SIZE", 1)
+    rank = _int_env("RANK", 0)
+    local_rank = _int_env("LOCAL_RANK", 0)
+    local_world_size = _int_env("LOCAL_WORLD_SIZE", world_size)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world_size}; the launcher set them inconsistently.")
+    use_cuda = torch.cuda.is_available() and not cpu
+    if use_cuda:
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"LOCAL_RANK={local_rank} needs GPU {local_rank}, but only {torch.cuda.device_count()} are "
+                "visible; start at most one process per GPU or pass cpu=True."
+            )
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    backend = None
+    if world_size > 1:
+        backend = "nccl" if use_cuda else "gloo"
+    return DistributedEnvironment(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        device=device,
+        backend=backend,
+    )
+
+
+def init_process_group(env: DistributedEnvironment, *, timeout: timedelta | None = None) -> None:
+    """Join the default process group described by ``env`` unless this process already has one.
+
+    The group is shared by every Accelerator in the process; it is created once and reused.
+    """
+    if env.device.type == "cuda":
+        torch.cuda.set_device(env.device)
+    if not env.is_distributed:
+        return
+    if dist.is_initialized():
+        if dist.get_world_size() != env.world_size or dist.get_rank() != env.rank:
+            raise RuntimeError(
+                f"A process group of rank {dist.get_rank()}/{dist.get_world_size()} already exists, but the "
+                f"environment says rank {env.rank}/{env.world_size}; destroy it or fix RANK/WORLD_SIZE."
+            )
+        return
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(name):
+            raise RuntimeError(
+                f"WORLD_SIZE={env.world_size} but {name} is not set; start the script with torchrun "
+                "(or set MASTER_ADDR and MASTER_PORT)."
+            )
+    kwargs = {"backend": env.backend, "rank": env.rank, "world_size": env.world_size}
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    if env.backend == "nccl":
+        # Binding the group to the device lets NCCL create its communicator eagerly and avoids the
+        # "guessing device" warning and its barrier on the wrong GPU.
+        kwargs["device_id"] = env.device
+    dist.init_process_group(**kwargs)

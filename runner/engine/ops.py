@@ -1,0 +1,155 @@
+"""Collectives and device moves on tensors and nested lists/tuples/dicts of tensors.
+
+Every function works in a single process too (it then returns its input, or a copy where the
+distributed version would return a new tensor). In a process group each one is a collective: every
+rank must call it, in the same order, or the job hangs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def recursively_apply(func: Callable[[torch.Tensor], Any], data: Any) -> Any:
+    """Apply ``func`` to every tensor in a nest of lists, tuples (named too) and mappings."""
+    if isinstance(data, torch.Tensor):
+        return func(data)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(recursively_apply(func, item) for item in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(recursively_apply(func, item) for item in data)
+    if isinstance(data, Mapping):
+        return type(data)({key: recursively_apply(func, value) for key, value in data.items()})
+    return data
+
+
+def send_to_device(data: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
+    """Move every tensor (and every object with a ``.to``) in ``data`` to ``device``."""
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=non_blocking)
+    if isinstance(data, (list, tuple, Mapping)):
+        return recursively_apply(lambda t: t.to(device, non_blocking=non_blocking), data)
+    if hasattr(data, "to") and callable(data.to):
+        try:
+            return data.to(device, non_blocking=non_blocking)
+        except TypeError:
+            return data.to(device)
+    return data
+
+
+def _gather_tensor(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
+    if tensor.ndim == 0:
+        tensor = tensor[None]
+    tensor = tensor.contiguous()
+    output = torch.empty((world_size * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    dist.all_gather_into_tensor(output, tensor)
+    return output
+
+
+def gather(tensor: Any) -> Any:
+    """Concatenate ``tensor`` from all processes along dim 0, in rank order.
+
+    Args:
+        tensor: A tensor or a nest of tensors; every rank must pass the same structure and shapes
+            (use :func:`pad_across_processes` first when the first dimension differs). Scalars
+            become length-1 tensors.
+
+    Returns:
+        The same structure, each tensor ``num_processes`` times longer.
+    """
+    world_size = _world_size()
+    if world_size == 1:
+        return tensor
+    return recursively_apply(lambda t: _gather_tensor(t, world_size), tensor)
+
+
+def gather_object(obj: list[Any]) -> list[Any]:
+    """Concatenate a picklable list from all processes, in rank order."""
+    world_size = _world_size()
+    if world_size == 1:
+        return list(obj)
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, list(obj))
+    return [item for per_rank in gathered for item in per_rank]
+
+
+def broadcast(tensor: Any, from_process: int = 0) -> Any:
+    """Overwrite every tensor in ``tensor`` with ``from_process``'s, in place; returns it."""
+    if _world_size() == 1:
+        return tensor
+
+    def _broadcast(t: torch.Tensor) -> torch.Tensor:
+        dist.broadcast(t, src=from_process)
+        return t
+
+    return recursively_apply(_broadcast, tensor)
+
+
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+    """Overwrite the picklable items of ``object_list`` with ``from_process``'s, in place; returns it."""
+    if _world_size() > 1:
+        dist.broadcast_object_list(object_list, src=from_process)
+    return object_list
+
+
+def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+    """Sum (or average, with ``reduction="mean"``) ``tensor`` over all processes, into a new tensor."""
+    if reduction not in ("sum", "mean", "none"):
+        raise ValueError(f"reduction={reduction!r} is not supported; use 'sum', 'mean' or 'none'.")
+    world_size = _world_size()
+
+    def _reduce(t: torch.Tensor) -> torch.Tensor:
+        result = t.clone()
+        if world_size == 1 or reduction == "none":
+            return result * scale if scale != 1.0 else result
+        dist.all_reduce(result, op=dist.ReduceOp.SUM)
+        if reduction == "mean":
+            result /= world_size
+        return result * scale if scale != 1.0 else result
+
+    return recursively_apply(_reduce, tensor)
+
+
+def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+    """Pad ``tensor`` along ``dim`` to the largest size any process has, so it can be gathered.
+
+    Args:
+        dim: The dimension whose size differs between processes.
+        pad_index: The value to pad with.
+        pad_first: Pad at the start instead of the end.
+    """
+    world_size = _world_size()
+    if world_size == 1:
+        return tensor
+
+    def _pad(t: torch.Tensor) -> torch.Tensor:
+        if dim >= t.ndim or dim < -t.ndim:
+            return t
+        axis = dim % t.ndim
+        size = torch.tensor([t.shape[axis]], device=t.device)
+        sizes = _gather_tensor(size, world_size)
+        longest = int(sizes.max())
+        if longest == t.shape[axis]:
+            return t
+        shape = list(t.shape)
+        shape[axis] = longest
+        padded = t.new_full(shape, pad_index)
+        index = [slice(None)] * t.ndim
+        index[axis] = slice(longest - t.shape[axis], longest) if pad_first else slice(0, t.shape[axis])
+        padded[tuple(index)] = t
+        return padded
+
+    return recursively_apply(_pad, tensor)
+
+
+def truncate(data: Any, length: int) -> Any:
+    """Keep the first ``length`` items of every tensor in ``data`` (used to drop padding samples)."""
+    return recursively_apply(lambda t: t[:length], data)

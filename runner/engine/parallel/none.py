@@ -1,0 +1,17 @@
+"""One process: nothing to wrap, nothing to synchronise."""
+
+from __future__ import annotations
+
+import contextlib
+
+from torch import nn
+
+
+class SingleProcessStrategy:
+    name = "none"
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()

@@ -1,0 +1,117 @@
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from runner.engine import (
+    AcceleratedOptimizer,
+    AcceleratedScheduler,
+    Accelerator,
+    DistributedDataParallelKwargs,
+    GradScalerKwargs,
+    ProjectConfiguration,
+)
+from runner.engine.data import PreparedDataLoader
+from tests.helpers import loader, regression_data, small_model, train
+
+
+def test_single_process_attributes():
+    accelerator = Accelerator(project_dir="somewhere")
+    assert accelerator.device == torch.device("cpu")
+    assert (accelerator.process_index, accelerator.local_process_index, accelerator.num_processes) == (0, 0, 1)
+    assert accelerator.is_main_process and accelerator.is_local_main_process
+    assert accelerator.distributed_type.value == "NO"
+    assert accelerator.mixed_precision == "no"
+    assert accelerator.sync_gradients and accelerator.gradient_accumulation_steps == 1
+    assert accelerator.project_dir == "somewhere" and accelerator.logging_dir == "somewhere"
+
+
+def test_two_accelerators_with_different_settings_coexist(tmp_path):
+    first = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=4)
+    second = Accelerator(mixed_precision="fp16", project_config=ProjectConfiguration(str(tmp_path)))
+    assert (first.mixed_precision, first.gradient_accumulation_steps, first.scaler) == ("bf16", 4, None)
+    assert (second.mixed_precision, second.gradient_accumulation_steps) == ("fp16", 1)
+    assert second.scaler is not None and second.project_dir == str(tmp_path)
+    model = first.prepare(nn.Linear(2, 2))
+    assert first._models == [model] and second._models == []
+
+
+def test_prepare_returns_objects_in_the_order_given():
+    accelerator = Accelerator()
+    model = small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    data = loader(regression_data(), 4)
+    other = {"not": "prepared"}
+    prepared = accelerator.prepare(scheduler, data, other, optimizer, model)
+    assert isinstance(prepared[0], AcceleratedScheduler) and prepared[0].optimizers == [prepared[3]]
+    assert isinstance(prepared[1], PreparedDataLoader)
+    assert prepared[2] is other
+    assert isinstance(prepared[3], AcceleratedOptimizer) and prepared[3].optimizer is optimizer
+    assert prepared[4] is model
+    assert accelerator.prepare(model) is model  # a single object comes back alone, not in a tuple
+
+
+def test_unwrap_model_returns_the_original_class_and_can_drop_autocast():
+    accelerator = Accelerator(mixed_precision="bf16")
+    model = small_model()
+    prepared = accelerator.prepare(model)
+    assert type(accelerator.unwrap_model(prepared)) is nn.Sequential
+    assert accelerator.unwrap_model(prepared)(torch.randn(2, 8)).dtype == torch.float32  # fp32 outputs
+    plain = accelerator.unwrap_model(prepared, keep_fp32_wrapper=False)
+    assert "forward" not in plain.__dict__
+
+
+def test_single_process_training_equals_a_raw_pytorch_loop():
+    engine_weights = train(Accelerator(), batch_size=8, epochs=3)
+
+    # The same loop written by hand: the engine shuffles with randperm(seed + epoch) of the loader's seed.
+    model = small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    dataset = regression_data()
+    for epoch in range(3):
+        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(1234 + epoch)).tolist()
+        for start in range(0, len(order), 8):
+            x, y = dataset[order[start : start + 8]]
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, engine_weights[key]), key
+
+
+def test_kwargs_handlers_are_validated():
+    with pytest.raises(ValueError, match="kwargs_handlers got dict"):
+        Accelerator(kwargs_handlers=[{}])
+    with pytest.raises(ValueError, match="two GradScalerKwargs"):
+        Accelerator(kwargs_handlers=[GradScalerKwargs(), GradScalerKwargs()])
+    scaled = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024.0)])
+    assert scaled.scaler.get_scale() == 1024.0
+    assert DistributedDataParallelKwargs(find_unused_parameters=True).to_kwargs() == {"find_unused_parameters": True}
+
+
+def test_print_only_on_the_main_process(capsys):
+    Accelerator().print("hello", 3)
+    assert capsys.readouterr().out == "hello 3\n"
+
+
+def test_deepcopy_of_a_prepared_model_runs_its_own_weights():
+    accelerator = Accelerator(mixed_precision="bf16")
+    model = accelerator.prepare(small_model())
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.zero_()
+    x = torch.randn(3, 8)
+    assert torch.equal(twin(x), torch.zeros(3, 1))  # the copy's forward uses the copy, not the original
+    assert not torch.equal(model(x), torch.zeros(3, 1))
+
+
+def test_prepared_loader_batches_and_lengths():
+    accelerator = Accelerator()
+    data = accelerator.prepare(DataLoader(TensorDataset(torch.arange(10)), batch_size=4))
+    assert len(data) == 3 and data.total_batch_size == 4
+    assert [b[0].tolist() for b in data] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]

@@ -1,0 +1,189 @@
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from runner.engine import Accelerator, ProjectConfiguration
+
+
+class StepCounter:
+    """A user object registered for checkpointing."""
+
+    def __init__(self):
+        self.count = 0
+
+    def state_dict(self):
+        return {"count": self.count}
+
+    def load_state_dict(self, state):
+        self.count = state["count"]
+
+
+def build(project_dir=None, *, total_limit=None, automatic=True, precision="no"):
+    config = ProjectConfiguration(project_dir, automatic_checkpoint_naming=automatic, total_limit=total_limit)
+    accelerator = Accelerator(project_config=config, mixed_precision=precision)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    counter = StepCounter()
+    accelerator.register_for_checkpointing(counter)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    return accelerator, model, optimizer, scheduler, counter
+
+
+def step(accelerator, model, optimizer, scheduler, counter, batch):
+    x, y = batch
+    accelerator.backward(nn.functional.mse_loss(model(x), y))
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+    counter.count += 1
+
+
+BATCHES = [(torch.randn(8, 4, generator=torch.Generator().manual_seed(i)), torch.randn(8, 1)) for i in range(6)]
+
+
+@pytest.mark.parametrize("precision", ["no", "fp16"])
+def test_load_state_restores_everything_exactly(tmp_path, precision):
+    parts = build(tmp_path, precision=precision)
+    for batch in BATCHES[:3]:
+        step(*parts, batch)
+    parts[0].save_state()
+    saved_epoch = parts[3].scheduler.last_epoch  # 3, or fewer under fp16 where overflowing steps were skipped
+    draws = (torch.rand(2), random.random(), np.random.rand())
+    for batch in BATCHES[3:]:
+        step(*parts, batch)
+    uninterrupted = parts[1].state_dict()
+
+    resumed = build(tmp_path, precision=precision)
+    torch.manual_seed(999), random.seed(999), np.random.seed(999)  # streams that differ from the saved ones
+    resumed[0].load_state(tmp_path / "checkpoints" / "checkpoint_0")
+    assert resumed[4].count == 3 and resumed[3].scheduler.last_epoch == saved_epoch > 0
+    again = (torch.rand(2), random.random(), np.random.rand())
+    assert torch.equal(again[0], draws[0]) and again[1:] == draws[1:]
+    for batch in BATCHES[3:]:
+        step(*resumed, batch)
+    for key, value in uninterrupted.items():
+        assert torch.equal(value, resumed[1].state_dict()[key]), key
+    if precision == "fp16":
+        assert resumed[0].scaler.state_dict() == parts[0].scaler.state_dict()
+
+
+def save_n(tmp_path, n, **kwargs):
+    accelerator = build(tmp_path, **kwargs)[0]
+    for _ in range(n):
+        accelerator.save_state()
+    return accelerator
+
+
+def names(tmp_path):
+    return sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+
+
+def test_automatic_naming_total_limit_and_numbering_after_load(tmp_path):
+    accelerator = save_n(tmp_path, 3, total_limit=2)
+    assert names(tmp_path) == ["checkpoint_1", "checkpoint_2"]
+    assert accelerator.save_iteration == 3
+
+    resumed = build(tmp_path, total_limit=2)[0]
+    resumed.load_state()  # the newest committed checkpoint
+    assert resumed.save_iteration == 3
+    assert resumed.save_state().endswith("checkpoint_3")
+    assert names(tmp_path) == ["checkpoint_2", "checkpoint_3"]
+
+    older = build(tmp_path, total_limit=2)[0]
+    older.load_state(tmp_path / "checkpoints" / "checkpoint_2")
+    with pytest.raises(ValueError, match=r"checkpoint_3 already exists; load_state\(\) it"):
+        older.save_state()  # never overwrite a newer checkpoint
+    assert names(tmp_path) == ["checkpoint_2", "checkpoint_3"]
+
+
+def test_rotation_never_deletes_the_checkpoint_the_run_loaded(tmp_path):
+    save_n(tmp_path, 2)
+    accelerator = build(tmp_path, total_limit=1)[0]
+    accelerator.load_state(tmp_path / "checkpoints" / "checkpoint_0")
+    accelerator.project_configuration.iteration = 2
+    accelerator.save_state()
+    accelerator.save_state()
+    assert names(tmp_path) == ["checkpoint_0", "checkpoint_3"]
+
+
+def test_incomplete_and_stray_folders_are_ignored(tmp_path):
+    save_n(tmp_path, 2, total_limit=5)
+    checkpoints = tmp_path / "checkpoints"
+    (checkpoints / "checkpoint_7").mkdir()  # no manifest: a save that never committed
+    (checkpoints / "checkpoint_8.incomplete").mkdir()
+    (checkpoints / "notes").mkdir()
+    (checkpoints / "README.txt").write_text("mine")
+    accelerator = build(tmp_path, total_limit=1)[0]
+    accelerator.load_state()
+    assert accelerator.save_iteration == 2  # loaded checkpoint_1, not the uncommitted checkpoint_7
+    accelerator.save_state()
+    assert names(tmp_path) == [
+        "README.txt", "checkpoint_1", "checkpoint_2", "checkpoint_7", "checkpoint_8.incomplete", "notes",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match=r"checkpoint_7 is not a complete checkpoint \(it has no manifest.json\)"):
+        accelerator.load_state(checkpoints / "checkpoint_7")
+
+
+def test_a_damaged_checkpoint_is_refused_naming_the_file(tmp_path):
+    save_n(tmp_path, 1)
+    folder = tmp_path / "checkpoints" / "checkpoint_0"
+    accelerator = build(tmp_path)[0]
+    (folder / "scheduler.bin").unlink()
+    with pytest.raises(ValueError, match=r"scheduler.bin is missing from the checkpoint"):
+        accelerator.load_state(folder)
+    weights = folder / "optimizer.bin"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    with pytest.raises(ValueError, match=r"optimizer.bin has \d+ bytes but the manifest says \d+"):
+        accelerator.load_state(folder)
+    with pytest.raises(FileNotFoundError, match=r"checkpoint_5 does not exist"):
+        accelerator.load_state(tmp_path / "checkpoints" / "checkpoint_5")
+
+
+def test_a_checkpoint_of_another_model_is_refused(tmp_path):
+    accelerator = save_n(tmp_path, 1)
+    other = Accelerator()
+    other.prepare(nn.Linear(4, 1), nn.Linear(1, 1))
+    with pytest.raises(ValueError, match=r"holds 1 model\(s\) but 2 were prepared"):
+        other.load_state(tmp_path / "checkpoints" / "checkpoint_0")
+    wider = Accelerator()
+    wider.prepare(nn.Sequential(nn.Linear(4, 9), nn.ReLU(), nn.Linear(9, 1)))
+    with pytest.raises(ValueError, match=r"model.safetensors does not fit the prepared model \(size mismatch"):
+        wider.load_state(tmp_path / "checkpoints" / "checkpoint_0")
+    renamed = Accelerator()
+    renamed.prepare(nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1)))
+    with pytest.raises(ValueError, match=r"does not fit the prepared model \(missing keys: \['1.weight'"):
+        renamed.load_state(tmp_path / "checkpoints" / "checkpoint_0")
+    assert accelerator.save_iteration == 1
+
+
+def test_explicit_output_dir_is_replaced_whole(tmp_path):
+    accelerator, model, *_ = build(automatic=False)
+    target = tmp_path / "state"
+    accelerator.save_state(target)
+    (target / "leftover.txt").write_text("from before")
+    with torch.no_grad():
+        model[0].weight.fill_(3.0)
+    accelerator.save_state(target)
+    assert not (target / "leftover.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]
+    fresh, fresh_model, *_ = build(automatic=False)
+    fresh.load_state(target)
+    assert torch.equal(fresh_model[0].weight, torch.full((8, 4), 3.0))
+    manifest = json.loads((target / "manifest.json").read_text())
+    assert manifest["iteration"] is None and manifest["world_size"] == 1
+
+
+def test_save_state_needs_a_folder(tmp_path):
+    accelerator = build(automatic=False)[0]
+    with pytest.raises(ValueError, match=r"save_state\(\) needs an output_dir unless"):
+        accelerator.save_state()
+    with pytest.raises(ValueError, match=r"automatic_checkpoint_naming needs a project_dir"):
+        build(None)[0].save_state()
+    with pytest.raises(ValueError, match=r"register_for_checkpointing needs objects with state_dict"):
+        accelerator.register_for_checkpointing(object())

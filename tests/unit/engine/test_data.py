@@ -1,0 +1,177 @@
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler, TensorDataset
+
+from runner.engine import Accelerator
+from runner.engine.data import SeedableRandomSampler, ShardedBatchSampler
+
+
+def shards(n, batch_size, world, **kwargs):
+    """Every rank's batches of one epoch over range(n)."""
+    return [
+        list(
+            ShardedBatchSampler(
+                SequentialSampler(range(n)),
+                batch_size=batch_size,
+                drop_last=False,
+                num_processes=world,
+                process_index=rank,
+                **kwargs,
+            )
+        )
+        for rank in range(world)
+    ]
+
+
+def test_ranks_take_consecutive_slices_of_each_global_batch():
+    rank0, rank1 = shards(16, 4, 2)
+    assert rank0 == [[0, 1, 2, 3], [8, 9, 10, 11]]
+    assert rank1 == [[4, 5, 6, 7], [12, 13, 14, 15]]
+
+
+@pytest.mark.parametrize("n", [97, 100, 101, 3])
+def test_even_batches_pad_the_last_global_batch_from_the_start(n):
+    batches = shards(n, 8, 2)
+    assert len(batches[0]) == len(batches[1])
+    seen = [i for rank in batches for batch in rank for i in batch]
+    assert set(seen) == set(range(n))
+    duplicates = len(seen) - n
+    assert duplicates == n % 2  # the short global batch is padded only to a multiple of the world size
+    sampler = ShardedBatchSampler(SequentialSampler(range(n)), batch_size=8, drop_last=False, num_processes=2,
+                                  process_index=0)  # fmt: skip
+    assert sampler.remainder == (n % 16 if n % 2 else -1)
+    assert len(sampler) == len(batches[0])
+
+
+def test_without_even_batches_ranks_may_get_fewer_batches():
+    batches = [
+        list(
+            ShardedBatchSampler(
+                SequentialSampler(range(18)),
+                batch_size=4,
+                drop_last=False,
+                num_processes=2,
+                process_index=rank,
+                even_batches=False,
+            )
+        )  # fmt: skip
+        for rank in range(2)
+    ]
+    assert batches == [[[0, 1, 2, 3], [8, 9, 10, 11], [16]], [[4, 5, 6, 7], [12, 13, 14, 15], [17]]]
+    uneven = [
+        ShardedBatchSampler(
+            SequentialSampler(range(17)),
+            batch_size=4,
+            drop_last=False,
+            num_processes=2,
+            process_index=rank,
+            even_batches=False,
+        )  # fmt: skip
+        for rank in range(2)
+    ]
+    assert [list(s) for s in uneven] == [[[0, 1, 2, 3], [8, 9, 10, 11], [16]], [[4, 5, 6, 7], [12, 13, 14, 15]]]
+    assert [len(s) for s in uneven] == [3, 2]
+
+
+def test_drop_last_drops_the_short_global_batch():
+    samplers = [
+        ShardedBatchSampler(
+            SequentialSampler(range(20)), batch_size=4, drop_last=True, num_processes=2, process_index=rank
+        )  # fmt: skip
+        for rank in range(2)
+    ]
+    assert [list(s) for s in samplers] == [[[0, 1, 2, 3], [8, 9, 10, 11]], [[4, 5, 6, 7], [12, 13, 14, 15]]]
+    assert [len(s) for s in samplers] == [2, 2] and samplers[0].remainder == -1
+
+
+def test_split_batches_divides_the_loader_batch():
+    samplers = [
+        ShardedBatchSampler(
+            SequentialSampler(range(8)),
+            batch_size=4,
+            drop_last=False,
+            num_processes=2,
+            process_index=rank,
+            split_batches=True,
+        )  # fmt: skip
+        for rank in range(2)
+    ]
+    assert [list(s) for s in samplers] == [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]
+    with pytest.raises(ValueError, match="batch size divisible by the 2 processes, got 3"):
+        ShardedBatchSampler(SequentialSampler(range(8)), batch_size=3, drop_last=False, num_processes=2,
+                            process_index=0, split_batches=True)  # fmt: skip
+
+
+def test_seeded_shuffle_is_identical_across_ranks_and_new_each_epoch():
+    orders = []
+    for _ in range(2):  # two "ranks" built independently from the same seed
+        sampler = SeedableRandomSampler(range(50), seed=7)
+        per_epoch = []
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            per_epoch.append(list(sampler))
+        orders.append(per_epoch)
+    assert orders[0] == orders[1]
+    assert sorted(orders[0][0]) == list(range(50))
+    assert orders[0][0] != orders[0][1] != orders[0][2]
+
+
+def test_prepared_loader_reshuffles_each_pass_and_set_epoch_replays_one():
+    accelerator = Accelerator()
+    dataset = TensorDataset(torch.arange(12))
+    loader = accelerator.prepare(DataLoader(dataset, batch_size=4, shuffle=True))
+    first = [b[0].tolist() for b in loader]
+    second = [b[0].tolist() for b in loader]
+    assert first != second
+    loader.set_epoch(0)
+    assert [b[0].tolist() for b in loader] == first
+    assert loader.iteration == 1
+
+
+def test_the_shuffle_seed_comes_from_the_loader_generator_or_the_torch_seed():
+    accelerator = Accelerator()
+    dataset = TensorDataset(torch.arange(30))
+
+    def order(generator=None):
+        loader = accelerator.prepare(DataLoader(dataset, batch_size=30, shuffle=True, generator=generator))
+        return next(iter(loader))[0].tolist()
+
+    assert order(torch.Generator().manual_seed(5)) == order(torch.Generator().manual_seed(5))
+    torch.manual_seed(11)
+    seeded = order()
+    torch.manual_seed(11)
+    assert order() == seeded
+    torch.manual_seed(12)
+    assert order() != seeded
+
+
+def test_loaders_that_cannot_be_sharded_by_index_are_refused():
+    class Stream(IterableDataset):
+        def __iter__(self):
+            yield from range(4)
+
+    accelerator = Accelerator()
+    with pytest.raises(ValueError, match="wraps an IterableDataset, so give it a map-style Dataset"):
+        accelerator.prepare(DataLoader(Stream(), batch_size=2))
+    with pytest.raises(ValueError, match="needs a batched DataLoader; set batch_size"):
+        accelerator.prepare(DataLoader(range(4), batch_size=None))
+
+    class MyBatches(BatchSampler):
+        pass
+
+    custom = MyBatches(SequentialSampler(range(4)), batch_size=2, drop_last=False)
+    with pytest.raises(ValueError, match=r"cannot shard a custom batch_sampler \(MyBatches\)"):
+        accelerator.prepare(DataLoader(range(4), batch_sampler=custom))
+
+
+def test_eval_loop_inside_an_epoch_does_not_end_the_training_loader():
+    accelerator = Accelerator()
+    train = accelerator.prepare(DataLoader(TensorDataset(torch.arange(6)), batch_size=2))
+    evaluation = accelerator.prepare(DataLoader(TensorDataset(torch.arange(4)), batch_size=2))
+    ends = []
+    for _ in train:
+        ends.append(accelerator.gradient_state.end_of_dataloader)
+        for _ in evaluation:
+            pass
+        ends.append(accelerator.gradient_state.end_of_dataloader)
+    assert ends == [False, False, False, False, True, True]

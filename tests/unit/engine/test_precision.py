@@ -1,0 +1,119 @@
+import pytest
+import torch
+from torch import nn
+
+from runner.engine import Accelerator, GradScalerKwargs
+from tests.helpers import loader, regression_data, small_model
+
+
+def _losses(accelerator, epochs=15):
+    model = small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, optimizer, data = accelerator.prepare(model, optimizer, loader(regression_data(), 8))
+    losses = []
+    for _ in range(epochs):
+        total = 0.0
+        for x, y in data:
+            loss = nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            total += loss.item()
+        losses.append(total / len(data))
+    return losses, model
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_training_reduces_the_loss_with_fp32_master_weights(precision):
+    losses, model = _losses(Accelerator(mixed_precision=precision))
+    assert losses[-1] < 0.3 * losses[0]
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_forward_runs_under_autocast_and_returns_fp32(precision, dtype):
+    accelerator = Accelerator(mixed_precision=precision)
+    seen = []
+    model = accelerator.prepare(nn.Sequential(nn.Linear(4, 4)))
+    model[0].register_forward_hook(lambda module, inputs, output: seen.append(output.dtype))
+    assert model(torch.randn(2, 4)).dtype == torch.float32
+    assert seen == [dtype]
+    with accelerator.autocast():
+        assert (torch.randn(2, 2) @ torch.randn(2, 2)).dtype == dtype
+    assert (torch.randn(2, 2) @ torch.randn(2, 2)).dtype == torch.float32
+
+
+def fp16_accelerator() -> Accelerator:
+    # torch's default initial scale (65536) overflows fp16 on the first steps by design; start lower
+    # so that only the deliberately infinite loss below skips a step.
+    return Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024.0)])
+
+
+def test_fp16_skips_the_step_on_an_inf_loss_and_the_scheduler_does_not_advance():
+    accelerator = fp16_accelerator()
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    x = torch.randn(8, 4)
+
+    before = [p.detach().clone() for p in model.parameters()]
+    scale = accelerator.scaler.get_scale()
+    accelerator.backward(model(x).sum() * float("inf"))
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+    assert optimizer.step_was_skipped and accelerator.optimizer_step_was_skipped
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert scheduler.get_last_lr() == [0.1] and scheduler.last_epoch == 0
+    assert accelerator.scaler.get_scale() == scale / 2
+
+    accelerator.backward(model(x).sum())
+    optimizer.step()
+    scheduler.step()
+    assert not optimizer.step_was_skipped
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert scheduler.get_last_lr() == [0.05]
+
+
+def test_clip_grad_norm_unscales_first_under_fp16():
+    def grads_after_clip(precision):
+        accelerator = fp16_accelerator() if precision == "fp16" else Accelerator()
+        model = nn.Linear(4, 1)
+        torch.nn.init.constant_(model.weight, 0.5)
+        optimizer = accelerator.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        model = accelerator.prepare_model(model)
+        accelerator.backward(model(torch.ones(2, 4)).sum())
+        norm = accelerator.clip_grad_norm_(model.parameters(), max_norm=1.0)
+        accelerator.clip_grad_norm_(model.parameters(), max_norm=1.0)  # a second clip must not unscale twice
+        optimizer.step()
+        return norm, torch.cat([model.weight.grad.flatten(), model.bias.grad])
+
+    norm_fp32, grad_fp32 = grads_after_clip("no")
+    norm_fp16, grad_fp16 = grads_after_clip("fp16")
+    assert norm_fp32.item() == pytest.approx(5.0**0.5 * 2, rel=1e-6)  # |(2, 2, 2, 2, 2)| before clipping
+    assert norm_fp16.item() == pytest.approx(norm_fp32.item(), rel=1e-3)
+    torch.testing.assert_close(grad_fp16, grad_fp32, rtol=1e-3, atol=1e-4)
+    assert grad_fp32.norm().item() == pytest.approx(1.0, rel=1e-5)  # clipped to max_norm
+
+
+def test_clip_grad_value_unscales_first_under_fp16():
+    accelerator = fp16_accelerator()
+    model = nn.Linear(2, 1)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    accelerator.backward(model(torch.full((1, 2), 3.0)).sum())
+    accelerator.clip_grad_value_(model.parameters(), 0.5)
+    assert model.weight.grad.tolist() == [[0.5, 0.5]] and model.bias.grad.tolist() == [0.5]
+
+
+def test_bad_precision_values_are_rejected_in_one_sentence():
+    with pytest.raises(ValueError, match=r"mixed_precision='fp17' is not supported; use one of 'no', 'fp16'"):
+        Accelerator(mixed_precision="fp17")
+    with pytest.raises(ValueError, match=r"mixed_precision='fp8' needs an NVIDIA GPU of compute capability 8.9"):
+        Accelerator(mixed_precision="fp8")
+
+
+def test_fp16_refuses_parameters_that_are_already_fp16():
+    accelerator = Accelerator(mixed_precision="fp16")
+    with pytest.raises(ValueError, match=r"parameter 'weight' is already fp16; build the model in fp32"):
+        accelerator.prepare(nn.Linear(2, 2).half())

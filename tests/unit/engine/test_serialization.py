@@ -1,0 +1,353 @@
+"""Tests of runner/engine/serialization.py: sizes, single and sharded weights files, tied weights, loading."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from runner.engine.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from runner.engine.serialization import (
+    load_checkpoint_in_model,
+    load_state_dict_files,
+    parse_size,
+    save_model_files,
+)
+
+
+class Stack(nn.Module):
+    """Several Linear layers: 4 x (16*16 + 16) float32 = 4 x 1088 bytes."""
+
+    def __init__(self, depth: int = 4, width: int = 16) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+
+class Counter(nn.Module):
+    """A float weight and an integer buffer, to see which tensors a dtype cast touches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+        self.register_buffer("steps", torch.arange(5, dtype=torch.int64))
+
+
+class TiedLM(nn.Module):
+    """An embedding whose weight is also the output projection's weight."""
+
+    def __init__(self, vocab: int = 32, dim: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.hidden = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def _nbytes(state_dict) -> int:
+    return sum(t.numel() * t.element_size() for t in state_dict.values())
+
+
+def _assert_same(loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert sorted(loaded) == sorted(expected)
+    for key, tensor in expected.items():
+        assert loaded[key].dtype == tensor.dtype, key
+        assert torch.equal(loaded[key], tensor.detach()), key
+
+
+def _weight_files(directory) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.is_file())
+
+
+# ---------------------------------------------------------------------------------------------- parse_size
+
+
+@pytest.mark.parametrize(
+    ("size", "expected"),
+    [
+        ("10GB", 10 * 10**9),
+        ("1GB", 10**9),
+        ("500MiB", 500 * 2**20),
+        ("3KB", 3000),
+        ("2KiB", 2048),
+        ("1TB", 10**12),
+        ("1GiB", 2**30),
+        ("7B", 7),
+        ("1.5GB", 1_500_000_000),
+        (" 4 kb ", 4000),
+        ("10gib", 10 * 2**30),
+        (1234, 1234),
+        (0, 0),
+    ],
+)
+def test_parse_size(size, expected):
+    assert parse_size(size) == expected
+
+
+@pytest.mark.parametrize("bad", ["ten GB", "10XB", "GB", "10 G B", "", "-5MB"])
+def test_parse_size_bad_string_names_it(bad):
+    with pytest.raises(ValueError, match="is not a size") as info:
+        parse_size(bad)
+    assert f"max_shard_size={bad!r}" in str(info.value)
+
+
+def test_parse_size_bare_ib_unit_is_a_value_error():
+    with pytest.raises(ValueError, match="'10iB'"):
+        parse_size("10iB")
+
+
+# ---------------------------------------------------------------------------------------------- single file
+
+
+def test_single_file_roundtrip(tmp_path):
+    torch.manual_seed(0)
+    model = Stack()
+    written = save_model_files(model.state_dict(), tmp_path)
+
+    assert written == [tmp_path / SAFE_WEIGHTS_NAME]
+    assert _weight_files(tmp_path) == [SAFE_WEIGHTS_NAME]
+
+    torch.manual_seed(1)
+    fresh = Stack()
+    assert not torch.equal(fresh.layers[0].weight, model.layers[0].weight)
+    result = load_checkpoint_in_model(fresh, tmp_path)
+    assert list(result.missing_keys) == [] and list(result.unexpected_keys) == []
+    _assert_same(fresh.state_dict(), model.state_dict())
+
+
+def test_load_from_file_path_directly(tmp_path):
+    model = Stack(depth=2)
+    save_model_files(model.state_dict(), tmp_path)
+    _assert_same(load_state_dict_files(tmp_path / SAFE_WEIGHTS_NAME), model.state_dict())
+
+
+# ---------------------------------------------------------------------------------------------- sharded
+
+
+def test_sharded_save_writes_shards_and_index(tmp_path):
+    torch.manual_seed(0)
+    model = Stack(depth=4)
+    state_dict = model.state_dict()
+    # Each layer is 1088 bytes; 2500 bytes fit two layers per shard.
+    written = save_model_files(state_dict, tmp_path, max_shard_size=2500)
+
+    shards = [f"model-{i:05d}-of-00002.safetensors" for i in (1, 2)]
+    assert [p.name for p in written] == [*shards, SAFE_WEIGHTS_INDEX_NAME]
+    assert _weight_files(tmp_path) == sorted([*shards, SAFE_WEIGHTS_INDEX_NAME])
+
+    index = json.loads((tmp_path / SAFE_WEIGHTS_INDEX_NAME).read_text())
+    assert index["metadata"]["total_size"] == _nbytes(state_dict) == 4 * 1088
+    assert sorted(index["weight_map"]) == sorted(state_dict)
+    assert set(index["weight_map"].values()) == set(shards)
+    # Every key is really inside the shard the index names.
+    for key, shard in index["weight_map"].items():
+        with safe_open(str(tmp_path / shard), framework="pt") as f:
+            assert key in f.keys(), (key, shard)
+
+    torch.manual_seed(1)
+    fresh = Stack(depth=4)
+    load_checkpoint_in_model(fresh, tmp_path, strict=True)
+    _assert_same(fresh.state_dict(), state_dict)
+    # The index json itself is a valid checkpoint path.
+    _assert_same(load_state_dict_files(tmp_path / SAFE_WEIGHTS_INDEX_NAME), state_dict)
+
+
+def test_sharded_save_with_kb_string_size(tmp_path):
+    model = Stack(depth=6)
+    written = save_model_files(model.state_dict(), tmp_path, max_shard_size="2KB")
+    # 2000 bytes hold one 1088-byte layer each: six shards plus the index.
+    assert len(written) == 7
+    assert written[0].name == "model-00001-of-00006.safetensors"
+    assert written[5].name == "model-00006-of-00006.safetensors"
+    _assert_same(load_state_dict_files(tmp_path), model.state_dict())
+
+
+def test_resave_with_fewer_shards_removes_stale_ones(tmp_path):
+    model = Stack(depth=6)
+    save_model_files(model.state_dict(), tmp_path, max_shard_size=1100)  # one layer per shard
+    assert len(list(tmp_path.glob("model-*-of-00006.safetensors"))) == 6
+    (tmp_path / "notes.txt").write_text("keep me")
+
+    torch.manual_seed(3)
+    newer = Stack(depth=6)
+    save_model_files(newer.state_dict(), tmp_path, max_shard_size=3300)  # three layers per shard
+    shards = [f"model-{i:05d}-of-00002.safetensors" for i in (1, 2)]
+    assert _weight_files(tmp_path) == sorted([*shards, SAFE_WEIGHTS_INDEX_NAME, "notes.txt"])
+    _assert_same(load_state_dict_files(tmp_path), newer.state_dict())
+
+    # Back to one file: shards and index go too.
+    save_model_files(model.state_dict(), tmp_path)
+    assert _weight_files(tmp_path) == sorted([SAFE_WEIGHTS_NAME, "notes.txt"])
+    _assert_same(load_state_dict_files(tmp_path), model.state_dict())
+
+
+def test_switching_format_removes_the_other_format(tmp_path):
+    model = Stack(depth=2)
+    save_model_files(model.state_dict(), tmp_path)
+    save_model_files(model.state_dict(), tmp_path, safe_serialization=False)
+    assert _weight_files(tmp_path) == [WEIGHTS_NAME]
+    save_model_files(model.state_dict(), tmp_path, max_shard_size=1100)
+    assert _weight_files(tmp_path) == sorted(
+        ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", SAFE_WEIGHTS_INDEX_NAME]
+    )
+
+
+# ---------------------------------------------------------------------------------------------- tied weights
+
+
+def test_tied_weights_stored_once_and_restored(tmp_path):
+    torch.manual_seed(0)
+    model = TiedLM()
+    state_dict = model.state_dict()
+    assert state_dict["embed.weight"].data_ptr() == state_dict["head.weight"].data_ptr()
+
+    written = save_model_files(state_dict, tmp_path)
+    assert written == [tmp_path / SAFE_WEIGHTS_NAME]
+
+    with safe_open(str(tmp_path / SAFE_WEIGHTS_NAME), framework="pt") as f:
+        stored = sorted(f.keys())
+    # The shared tensor is written once, under one of its two names.
+    assert len(stored) == len(state_dict) - 1
+    assert len({"embed.weight", "head.weight"} & set(stored)) == 1
+    assert {"hidden.weight", "hidden.bias"} <= set(stored)
+    unique_bytes = _nbytes({k: v for k, v in state_dict.items() if k != "head.weight"})
+    assert (tmp_path / SAFE_WEIGHTS_NAME).stat().st_size < unique_bytes + 32 * 8 * 4  # not twice the table
+
+    loaded = load_state_dict_files(tmp_path)
+    _assert_same(loaded, state_dict)
+
+    torch.manual_seed(1)
+    fresh = TiedLM()
+    load_checkpoint_in_model(fresh, tmp_path, strict=True)
+    assert torch.equal(fresh.embed.weight, model.embed.weight)
+    assert torch.equal(fresh.head.weight, model.embed.weight)
+    assert fresh.head.weight is fresh.embed.weight
+
+
+def test_tied_weights_sharded_roundtrip(tmp_path):
+    torch.manual_seed(0)
+    model = TiedLM(vocab=64, dim=16)  # embed: 4096 bytes; hidden: 1088 bytes
+    state_dict = model.state_dict()
+    written = save_model_files(state_dict, tmp_path, max_shard_size=4096)
+    assert [p.name for p in written][-1] == SAFE_WEIGHTS_INDEX_NAME
+    assert len(written) == 3
+
+    index = json.loads((tmp_path / SAFE_WEIGHTS_INDEX_NAME).read_text())
+    assert sorted(index["weight_map"]) == sorted(state_dict)
+    assert index["weight_map"]["head.weight"] == index["weight_map"]["embed.weight"]
+    assert index["metadata"]["total_size"] == 64 * 16 * 4 + 1088
+
+    _assert_same(load_state_dict_files(tmp_path), state_dict)
+
+
+def test_tied_weights_bin_sharded_roundtrip(tmp_path):
+    torch.manual_seed(0)
+    model = TiedLM(vocab=64, dim=16)
+    state_dict = model.state_dict()
+    written = save_model_files(state_dict, tmp_path, max_shard_size=4096, safe_serialization=False)
+    assert [p.name for p in written] == [
+        "pytorch_model-00001-of-00002.bin",
+        "pytorch_model-00002-of-00002.bin",
+        "pytorch_model.bin.index.json",
+    ]
+    _assert_same(load_state_dict_files(tmp_path), state_dict)
+
+
+# ---------------------------------------------------------------------------------------------- .bin
+
+
+def test_pickle_format_roundtrip(tmp_path):
+    torch.manual_seed(0)
+    model = Counter()
+    written = save_model_files(model.state_dict(), tmp_path, safe_serialization=False)
+    assert written == [tmp_path / WEIGHTS_NAME]
+    assert _weight_files(tmp_path) == [WEIGHTS_NAME]
+
+    torch.manual_seed(1)
+    fresh = Counter()
+    fresh.steps.zero_()
+    load_checkpoint_in_model(fresh, tmp_path, strict=True)
+    _assert_same(fresh.state_dict(), model.state_dict())
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def test_load_from_folder_without_weights_names_the_folder(tmp_path):
+    empty = tmp_path / "nothing_here"
+    empty.mkdir()
+    (empty / "readme.txt").write_text("no weights")
+    with pytest.raises(FileNotFoundError) as info:
+        load_state_dict_files(empty)
+    assert str(empty) in str(info.value)
+    assert SAFE_WEIGHTS_NAME in str(info.value)
+
+
+def test_load_missing_file_raises(tmp_path):
+    missing = tmp_path / "gone.safetensors"
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_state_dict_files(missing)
+
+
+def test_load_with_dtype_casts_float_tensors_only(tmp_path):
+    torch.manual_seed(0)
+    model = Counter()
+    save_model_files(model.state_dict(), tmp_path)
+
+    fresh = Counter().to(torch.bfloat16)
+    load_checkpoint_in_model(fresh, tmp_path, dtype=torch.bfloat16)
+    assert fresh.linear.weight.dtype == torch.bfloat16
+    assert torch.equal(fresh.linear.weight, model.linear.weight.to(torch.bfloat16))
+    assert torch.equal(fresh.linear.bias, model.linear.bias.to(torch.bfloat16))
+    assert fresh.steps.dtype == torch.int64
+    assert torch.equal(fresh.steps, torch.arange(5))
+
+
+def test_dtype_cast_values_are_the_rounded_ones(tmp_path, monkeypatch):
+    model = Counter()
+    with torch.no_grad():
+        model.linear.weight.fill_(1.0 + 2**-12)  # not representable in bfloat16: rounds to 1.0
+    save_model_files(model.state_dict(), tmp_path)
+
+    received = {}
+    fresh = Counter()
+
+    def capture(state_dict, strict=False):
+        received.update(state_dict)
+        return nn.Module.load_state_dict(fresh, state_dict, strict=strict)
+
+    monkeypatch.setattr(fresh, "load_state_dict", capture)
+    load_checkpoint_in_model(fresh, tmp_path, dtype=torch.bfloat16)
+    assert received["linear.weight"].dtype == torch.bfloat16
+    assert received["linear.bias"].dtype == torch.bfloat16
+    assert received["steps"].dtype == torch.int64
+    # Cast before load_state_dict copies into the float32 module: the value went through bfloat16.
+    assert torch.all(fresh.linear.weight == 1.0)
+
+
+def test_strict_load_with_mismatching_model_raises(tmp_path):
+    save_model_files(Stack(depth=2).state_dict(), tmp_path)
+
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        load_checkpoint_in_model(Stack(depth=1), tmp_path, strict=True)
+    with pytest.raises(RuntimeError, match="Missing key"):
+        load_checkpoint_in_model(Stack(depth=3), tmp_path, strict=True)
+
+    # Not strict: the extra keys are reported, not raised.
+    result = load_checkpoint_in_model(Stack(depth=1), tmp_path)
+    assert sorted(result.unexpected_keys) == ["layers.1.bias", "layers.1.weight"]
+
+
+def test_shape_mismatch_raises_even_when_not_strict(tmp_path):
+    save_model_files(Stack(depth=1, width=16).state_dict(), tmp_path)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        load_checkpoint_in_model(Stack(depth=1, width=8), tmp_path)
+
+
+def test_save_into_a_file_path_raises(tmp_path):
+    target = tmp_path / "weights"
+    target.write_text("a file")
+    with pytest.raises(ValueError, match="is a file"):
+        save_model_files(Stack(depth=1).state_dict(), target)
