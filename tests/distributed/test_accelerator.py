@@ -1,0 +1,54 @@
+"""Accelerator behaviour that needs a real process group: ordering, options, RNG sync, fp16 with DDP."""
+
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from runner.engine import Accelerator, DistributedDataParallelKwargs, GradScalerKwargs
+from tests.helpers import train
+
+
+def _behaviour(marker_dir):
+    accelerator = Accelerator(
+        rng_types=["torch"],
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+    )
+    rank = accelerator.process_index
+    marker = Path(marker_dir) / "written-by-main"
+    with accelerator.main_process_first():
+        if accelerator.is_main_process:
+            time.sleep(0.5)  # a slow download; the other rank must wait for it
+            marker.write_text("done")
+        main_first = marker.exists()
+
+    model = accelerator.prepare(nn.Linear(2, 2))
+    torch.manual_seed(100 + rank)  # diverge, then let the loader's epoch start re-synchronise
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(4)), batch_size=1))
+    next(iter(loader))
+    synced_draw = torch.rand(2)
+
+    fp16 = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=256.0)])
+    weights = train(fp16, batch_size=4, epochs=3)
+    return {
+        "main_first": main_first,
+        "find_unused": model.find_unused_parameters,
+        "synced_draw": synced_draw,
+        "fp16_weights": weights,
+        "local_rank": int(os.environ["LOCAL_RANK"]),
+        "local_main": accelerator.is_local_main_process,
+    }
+
+
+def test_accelerator_behaviour_on_two_processes(launch, tmp_path):
+    rank0, rank1 = launch(_behaviour, str(tmp_path))
+    assert rank0["main_first"] and rank1["main_first"]
+    assert rank0["find_unused"] and rank1["find_unused"]
+    assert torch.equal(rank0["synced_draw"], rank1["synced_draw"])
+    for key, value in rank0["fp16_weights"].items():
+        assert torch.equal(value, rank1["fp16_weights"][key]), key  # DDP keeps replicas identical under fp16
+        assert torch.isfinite(value).all()
+    assert (rank0["local_rank"], rank0["local_main"], rank1["local_rank"], rank1["local_main"]) == (0, True, 1, False)
