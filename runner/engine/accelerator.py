@@ -6,7 +6,7 @@ import contextlib
 import gc
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
+from torch.utils.hooks import RemovableHandle
 
 from runner.engine import ops
 from runner.engine.checkpoint import (
@@ -147,6 +148,8 @@ class Accelerator:
         self._custom_objects: list[Any] = []
         self.trackers: list[GeneralTracker] = []
         self._loaded_checkpoint: Path | None = None
+        self._save_state_pre_hooks: dict[int, Callable] = {}
+        self._load_state_pre_hooks: dict[int, Callable] = {}
 
     # ----------------------------------------------------------------------------------- where we run
     @property
@@ -475,14 +478,64 @@ class Accelerator:
             )
         self._custom_objects.extend(objects)
 
-    def _training_state(self) -> TrainingState:
+    def register_save_state_pre_hook(self, hook: Callable) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` on every process before ``save_state`` writes.
+
+        ``output_dir`` is the checkpoint folder being written (still under its temporary name):
+        files the hook writes there become part of the checkpoint. Removing an entry from
+        ``weights`` leaves that model out. Returns a handle whose ``remove()`` unregisters it.
+        """
+        handle = RemovableHandle(self._save_state_pre_hooks)
+        self._save_state_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` on every process before ``load_state`` reads.
+
+        Removing an entry from ``models`` skips loading that model. Returns a removable handle.
+        """
+        handle = RemovableHandle(self._load_state_pre_hooks)
+        self._load_state_pre_hooks[handle.id] = hook
+        return handle
+
+    def skip_first_batches(self, dataloader: PreparedDataLoader, num_batches: int = 0) -> PreparedDataLoader:
+        """Make the next pass of a prepared loader start after its first ``num_batches`` batches.
+
+        The skipped batches are never loaded. Returns the same loader, for Accelerate's idiom
+        ``for batch in accelerator.skip_first_batches(loader, n)``.
+        """
+        if not isinstance(dataloader, PreparedDataLoader):
+            raise ValueError("skip_first_batches needs a loader returned by prepare(); prepare it first.")
+        dataloader.skip_first_batches(num_batches)
+        return dataloader
+
+    def _training_state(self, models: list[nn.Module] | None = None, weights: list | None = None) -> TrainingState:
         return TrainingState(
-            models=[self.unwrap_model(model) for model in self._models],
+            models=models if models is not None else [self.unwrap_model(model) for model in self._models],
             optimizers=self._optimizers,
             schedulers=self._schedulers,
             scaler=self.scaler,
             custom_objects=self._custom_objects,
+            weights=weights,
         )
+
+    def _engine_metadata(self) -> dict[str, Any]:
+        """Facts the manifest records so a run can continue exactly: accumulation and data position."""
+        return {
+            "accumulation_step": self.gradient_state.step,
+            "dataloaders": [loader.state_dict() for loader in self._dataloaders],
+        }
+
+    def _restore_engine_metadata(self, manifest: dict[str, Any], checkpoint: Path) -> None:
+        positions = manifest.get("dataloaders", [])
+        if len(positions) != len(self._dataloaders):
+            raise ValueError(
+                f"{checkpoint} records {len(positions)} dataloader(s) but {len(self._dataloaders)} were prepared; "
+                "prepare the same dataloaders as the run that saved it."
+            )
+        for loader, position in zip(self._dataloaders, positions, strict=True):
+            loader.load_state_dict(position)
+        self.gradient_state.step = manifest.get("accumulation_step", 0)
 
     def save_state(self, output_dir: str | os.PathLike | None = None) -> str:
         """Save models, optimizers, schedulers, scaler, RNG states and registered objects.
@@ -518,13 +571,22 @@ class Accelerator:
             )
         else:
             target = Path(output_dir)
+        models = [self.unwrap_model(model) for model in self._models]
+        weights = [model.state_dict() for model in models]
+
+        def run_hooks(staging: Path) -> None:
+            for hook in self._save_state_pre_hooks.values():
+                hook(models, weights, str(staging))
+
         save_training_state(
             target,
-            self._training_state(),
+            self._training_state(models, weights),
             rank=self.process_index,
             world_size=self.num_processes,
             barrier=self.wait_for_everyone,
             iteration=config.iteration if config.automatic_checkpoint_naming else None,
+            metadata=self._engine_metadata(),
+            before_write=run_hooks,
         )
         if config.automatic_checkpoint_naming:
             config.iteration += 1
@@ -547,7 +609,11 @@ class Accelerator:
                 raise FileNotFoundError(f"No complete checkpoint in {checkpoints_dir(self.project_dir)} to load.")
             input_dir = found[-1]
         checkpoint = Path(input_dir)
-        manifest = load_training_state(checkpoint, self._training_state(), rank=self.process_index)
+        models = [self.unwrap_model(model) for model in self._models]
+        for hook in self._load_state_pre_hooks.values():
+            hook(models, str(checkpoint))
+        manifest = load_training_state(checkpoint, self._training_state(models), rank=self.process_index)
+        self._restore_engine_metadata(manifest, checkpoint)
         if manifest["world_size"] != self.num_processes:
             warnings.warn(
                 f"{checkpoint} was saved by {manifest['world_size']} processes and is loaded by "

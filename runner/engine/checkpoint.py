@@ -121,6 +121,8 @@ class TrainingState:
     schedulers: Sequence[Any]
     scaler: torch.amp.GradScaler | None
     custom_objects: Sequence[Any]
+    # What to save of each model; save_state pre-hooks may edit it. Defaults to the models' state dicts.
+    weights: Sequence[dict[str, torch.Tensor]] | None = None
 
 
 def staging_dir(target: Path) -> Path:
@@ -135,10 +137,17 @@ def save_training_state(
     world_size: int,
     barrier: Callable[[], None],
     iteration: int | None = None,
+    metadata: dict[str, Any] | None = None,
+    before_write: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write ``state`` as the checkpoint folder ``target``, committing it atomically.
 
     Every rank calls this; the order of barriers is the same on all of them.
+
+    Args:
+        metadata: Small JSON-able facts (data position, ...) stored in the manifest.
+        before_write: Called on every rank with the staging folder before anything is written;
+            files it writes there become part of the checkpoint.
     """
     staging = staging_dir(target)
     if rank == 0:
@@ -146,20 +155,23 @@ def save_training_state(
             shutil.rmtree(staging)  # left by a save that crashed; never a committed checkpoint
         staging.mkdir(parents=True)
     barrier()  # the staging folder exists before anyone writes into it
+    if before_write is not None:
+        before_write(staging)
     if rank == 0:
         _write_main_state(staging, state)
     _torch_save_atomically(get_rng_state(), staging / rng_state_name(rank))
     barrier()  # every rank's files are on disk before the manifest lists them
     if rank == 0:
-        _write_manifest(staging, world_size=world_size, iteration=iteration)
+        _write_manifest(staging, world_size=world_size, iteration=iteration, metadata=metadata or {})
         _commit(staging, target)
     barrier()  # nobody moves on (or rotates, or loads) before the commit
     return target
 
 
 def _write_main_state(staging: Path, state: TrainingState) -> None:
-    for i, model in enumerate(state.models):
-        save_safetensors(model.state_dict(), staging / indexed_name(MODEL_NAME, i, ".safetensors"))
+    weights = state.weights if state.weights is not None else [model.state_dict() for model in state.models]
+    for i, state_dict in enumerate(weights):
+        save_safetensors(state_dict, staging / indexed_name(MODEL_NAME, i, ".safetensors"))
     for i, optimizer in enumerate(state.optimizers):
         _torch_save_atomically(optimizer.state_dict(), staging / indexed_name(OPTIMIZER_NAME, i, ".bin"))
     for i, scheduler in enumerate(state.schedulers):
@@ -170,13 +182,14 @@ def _write_main_state(staging: Path, state: TrainingState) -> None:
         _torch_save_atomically(obj.state_dict(), staging / f"{CUSTOM_STATE_NAME}_{i}.pt")
 
 
-def _write_manifest(staging: Path, *, world_size: int, iteration: int | None) -> None:
+def _write_manifest(staging: Path, *, world_size: int, iteration: int | None, metadata: dict[str, Any]) -> None:
     files = {p.name: {"bytes": p.stat().st_size} for p in sorted(staging.iterdir()) if p.is_file()}
     manifest = {
         "format": MANIFEST_FORMAT,
         "iteration": iteration,
         "world_size": world_size,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **metadata,
         "files": files,
     }
     partial = staging / (MANIFEST_NAME + ".tmp")

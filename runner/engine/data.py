@@ -106,6 +106,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self.process_index = process_index
         self.even_batches = even_batches
         self.global_batch_size = self.per_process * num_processes
+        self.skip_batches = 0  # applies to the next pass only
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.sampler, "set_epoch"):
@@ -119,6 +120,12 @@ class ShardedBatchSampler(Sampler[list[int]]):
         return short if padded else -1
 
     def __iter__(self) -> Iterator[list[int]]:
+        skip, self.skip_batches = self.skip_batches, 0
+        for number, batch in enumerate(self._batches()):
+            if number >= skip:  # skipped batches cost index arithmetic only, never a sample load
+                yield batch
+
+    def _batches(self) -> Iterator[list[int]]:
         rank, size = self.process_index, self.per_process
         head: list[int] = []  # the epoch's first indices, used as padding
         batch: list[int] = []
@@ -179,10 +186,28 @@ class PreparedDataLoader(DataLoader):
         self.iteration = 0
         self.end_of_dataloader = False
         self.remainder = getattr(self.batch_sampler, "remainder", -1)
+        self._batches_yielded = 0
+        self._skip_on_next_pass = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose shuffle order the next pass uses."""
         self.iteration = epoch
+
+    def skip_first_batches(self, num_batches: int) -> None:
+        """Make the next pass start after its first ``num_batches`` batches."""
+        self._skip_on_next_pass = num_batches
+
+    def state_dict(self) -> dict[str, int]:
+        """The position in the data: the epoch and how many of its batches were handed out."""
+        epoch, batches = self.iteration, self._batches_yielded
+        if batches and batches >= len(self):  # the pass is complete, only its generator has not returned yet
+            epoch, batches = epoch + 1, 0
+        return {"epoch": epoch, "batches_yielded": batches, "global_batch_size": self.total_batch_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a :meth:`state_dict` position on the next pass."""
+        self.iteration = state["epoch"]
+        self._skip_on_next_pass = state["batches_yielded"]
 
     @property
     def total_batch_size(self) -> int:
@@ -203,24 +228,28 @@ class PreparedDataLoader(DataLoader):
             self.on_epoch_start()
         if hasattr(self.batch_sampler, "set_epoch"):
             self.batch_sampler.set_epoch(self.iteration)
+        self.batch_sampler.skip_batches = self._batches_yielded = self._skip_on_next_pass
+        self._skip_on_next_pass = 0
         self.end_of_dataloader = False
         self.gradient_state.activate(self)
         try:
             batches = super().__iter__()
-            try:
-                current = next(batches)
-            except StopIteration:
-                self.end_of_dataloader = True
-                return
+            current = next(batches, _EXHAUSTED)
             for upcoming in batches:
+                self._batches_yielded += 1
                 yield self._to_device(current)
                 current = upcoming
             self.end_of_dataloader = True
-            yield self._to_device(current)
+            if current is not _EXHAUSTED:
+                self._batches_yielded += 1
+                yield self._to_device(current)
             self.iteration += 1
+            self._batches_yielded = 0
         finally:
             self.gradient_state.deactivate(self)
 
+
+_EXHAUSTED = object()
 
 _LOADER_OPTIONS = (
     "num_workers",

@@ -1,5 +1,6 @@
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -187,3 +188,25 @@ def test_save_state_needs_a_folder(tmp_path):
         build(None)[0].save_state()
     with pytest.raises(ValueError, match=r"register_for_checkpointing needs objects with state_dict"):
         accelerator.register_for_checkpointing(object())
+
+
+def test_save_and_load_pre_hooks(tmp_path):
+    accelerator, model, *_ = build(tmp_path)
+    calls = []
+
+    def on_save(models, weights, output_dir):
+        calls.append(("save", len(models), sorted(weights[0]), output_dir))
+        Path(output_dir, "config.yaml").write_text("lr: 0.1\n")
+
+    handle = accelerator.register_save_state_pre_hook(on_save)
+    accelerator.register_load_state_pre_hook(lambda models, input_dir: calls.append(("load", len(models), input_dir)))
+    folder = accelerator.save_state()
+    manifest = json.loads((tmp_path / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())
+    assert "config.yaml" in manifest["files"]  # written by the hook, so part of the committed checkpoint
+    assert calls[0][:3] == ("save", 1, ["0.bias", "0.weight", "2.bias", "2.weight"])
+    assert calls[0][3].endswith("checkpoint_0.incomplete")
+    accelerator.load_state(folder)
+    assert calls[1] == ("load", 1, folder)
+    handle.remove()
+    accelerator.save_state()
+    assert len(calls) == 2
