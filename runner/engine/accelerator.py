@@ -6,6 +6,7 @@ import contextlib
 import gc
 import os
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -148,8 +149,9 @@ class Accelerator:
         self._custom_objects: list[Any] = []
         self.trackers: list[GeneralTracker] = []
         self._loaded_checkpoint: Path | None = None
-        self._save_state_pre_hooks: dict[int, Callable] = {}
-        self._load_state_pre_hooks: dict[int, Callable] = {}
+        # OrderedDict, not dict: torch's RemovableHandle keeps a weak reference to it.
+        self._save_state_pre_hooks: OrderedDict[int, Callable] = OrderedDict()
+        self._load_state_pre_hooks: OrderedDict[int, Callable] = OrderedDict()
 
     # ----------------------------------------------------------------------------------- where we run
     @property
