@@ -13,6 +13,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+# torch 2.13 renamed all_gather_into_tensor (and warns on the old name); older releases only have it.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -50,7 +53,7 @@ def _gather_tensor(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
         tensor = tensor[None]
     tensor = tensor.contiguous()
     output = torch.empty((world_size * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    dist.all_gather_into_tensor(output, tensor)
+    _all_gather_single(output, tensor)
     return output
 
 

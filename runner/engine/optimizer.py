@@ -104,7 +104,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
         # An LR scheduler built before prepare() marked the step it wrapped; keep the mark, or torch
         # warns that optimizer.step was overridden after the scheduler was created.
-        counted_step._wrapped_by_lr_sched = getattr(inner_step, "_wrapped_by_lr_sched", False)
+        if hasattr(inner_step, "_wrapped_by_lr_sched"):
+            counted_step._wrapped_by_lr_sched = True
         self.optimizer.step = MethodType(counted_step, self.optimizer)
 
     @property

@@ -117,3 +117,21 @@ def test_fp16_refuses_parameters_that_are_already_fp16():
     accelerator = Accelerator(mixed_precision="fp16")
     with pytest.raises(ValueError, match=r"parameter 'weight' is already fp16; build the model in fp32"):
         accelerator.prepare(nn.Linear(2, 2).half())
+
+
+@pytest.mark.parametrize("build_scheduler_first", [True, False])
+def test_fp16_optimizer_wrapping_keeps_torchs_scheduler_order_check_quiet(build_scheduler_first, recwarn):
+    accelerator = fp16_accelerator()
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if build_scheduler_first:
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+        model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    else:
+        model, optimizer = accelerator.prepare(model, optimizer)
+        scheduler = accelerator.prepare(torch.optim.lr_scheduler.StepLR(optimizer.optimizer, step_size=1))
+    accelerator.backward(model(torch.ones(1, 2)).sum())
+    optimizer.step()
+    scheduler.step()
+    assert not optimizer.step_was_skipped
+    assert [str(w.message)[:40] for w in recwarn if "lr_scheduler" in str(w.message)] == []

@@ -1,0 +1,260 @@
+"""The runner's entry point: check the command line, compose with Hydra, then validate -> resume -> launch.
+
+``cli()`` runs before Hydra. It checks the overrides by composing them once (so a typo becomes one
+sentence with a suggestion and exit code 2, before any process starts), turns ``resume=`` into the
+resumed run's own overrides and folder, and makes every torchrun rank agree on one run folder.
+Nothing on this path imports torch unless a run is actually starting.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from runner.config import ConfigError, RunnerConfig, register_configs, validate
+
+logger = logging.getLogger("runner")
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONFIG_NAME = "config"
+USAGE_ERROR = 2
+RUNTIME_ERROR = 1
+_GROUPS = ("trainer", "model", "data", "optimizer", "scheduler", "parallel", "project", "tracker", "experiment")
+
+
+def cli() -> None:
+    """``python -m runner [overrides]``: Hydra's command line, checked first."""
+    register_configs()
+    try:
+        sys.argv = [sys.argv[0], *prepare_command_line(sys.argv[1:])]
+    except ConfigError as error:
+        print(f"runner: error: {error}", file=sys.stderr)
+        sys.exit(USAGE_ERROR)
+    hydra_main()
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")
+def hydra_main(cfg: DictConfig) -> float | None:
+    return main(cfg)
+
+
+def main(cfg: DictConfig) -> float | None:
+    """Validate, resolve ``resume``, fix the run folder, and launch. Returns the sweep objective."""
+    from runner.launch import WorkerFailed, launch
+
+    try:
+        validate(cfg)
+        overrides = _task_overrides()
+        if cfg.resume:
+            cfg, overrides = _resume(cfg, overrides)
+            validate(cfg)
+        config = OmegaConf.to_container(cfg, resolve=True)
+        config["project"]["project_dir"] = str(_project_dir(cfg))
+        return launch(config, overrides)
+    except ConfigError as error:
+        print(f"runner: error: {error}", file=sys.stderr)
+        sys.exit(USAGE_ERROR)
+    except WorkerFailed as error:
+        print(f"runner: error: {error}", file=sys.stderr)
+        sys.exit(RUNTIME_ERROR)
+
+
+def _task_overrides() -> list[str]:
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def _project_dir(cfg: DictConfig) -> Path:
+    if cfg.project.project_dir:
+        return Path(cfg.project.project_dir).resolve()
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir).resolve()
+    raise ConfigError("project.project_dir is not set and there is no Hydra run folder; set project.project_dir.")
+
+
+def _resume(cfg: DictConfig, task_overrides: list[str]) -> tuple[DictConfig, list[str]]:
+    """The resumed run's config with this command's new overrides, and the overrides it now stands for."""
+    from runner.resume import find_checkpoint, resumed_config, saved_overrides
+
+    run_dir, checkpoint = find_checkpoint(cfg.resume)
+    saved = [o for o in saved_overrides(checkpoint) if not _is_resume(o)]
+    given = [o for o in task_overrides if not _is_resume(o)]
+    new = given[len(saved) :] if given[: len(saved)] == saved else given
+    resumed = resumed_config(checkpoint, new)
+    resumed.project.project_dir = str(run_dir)
+    resumed.resume = str(checkpoint)
+    logger.info("Resuming %s from %s with new overrides %s", run_dir, checkpoint.name, new)
+    return resumed, saved + new
+
+
+def _is_resume(override: str) -> bool:
+    return override.split("=", 1)[0].lstrip("+") == "resume"
+
+
+# ------------------------------------------------------------------------------------ the command line
+def prepare_command_line(argv: list[str]) -> list[str]:
+    """Check ``argv``'s overrides and add what resume and torchrun need; returns the argv for Hydra.
+
+    Raises:
+        ConfigError: An override names a key, group option or value the config does not accept.
+    """
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    if args.help or args.hydra_help or args.shell_completion or args.info:
+        return argv
+    overrides = list(args.overrides or [])
+    flags = [arg for arg in argv if arg not in overrides]
+    resume = next((o.split("=", 1)[1].strip("'\"") for o in overrides if _is_resume(o)), None)
+    extra: list[str] = []
+    if resume:
+        if args.multirun:
+            raise ConfigError("resume= continues one run; drop -m/--multirun.")
+        saved, extra = _resume_command_line(resume, overrides)
+        overrides = saved + overrides
+    if not (args.config_path or args.config_dir):
+        check_overrides(overrides, config_name=args.config_name or CONFIG_NAME)
+    if _under_torchrun() and not args.multirun and not _sets(overrides, "hydra.run.dir") and not resume:
+        extra += _torchrun_run_dir()
+    return flags + overrides + extra
+
+
+def _resume_command_line(resume: str, overrides: list[str]) -> tuple[list[str], list[str]]:
+    from runner.resume import find_checkpoint, saved_overrides
+
+    run_dir, checkpoint = find_checkpoint(resume)
+    switched = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in _GROUPS]
+    if switched:
+        raise ConfigError(
+            f"resume= keeps the resumed run's config groups, but {switched[0]} switches one; change values "
+            "(e.g. trainer.max_steps=2000) or start a new run."
+        )
+    saved = [o for o in saved_overrides(checkpoint) if not _is_resume(o) and not o.startswith("hydra")]
+    extra = [] if _sets(overrides, "hydra.run.dir") else [f"hydra.run.dir={run_dir}"]
+    # The resumed folder keeps its original .hydra/ record; this command's record goes to run.log.
+    return saved, [*extra, "hydra.output_subdir=null"]
+
+
+def _sets(overrides: list[str], key: str) -> bool:
+    return any(o.split("=", 1)[0].lstrip("+") == key for o in overrides)
+
+
+def check_overrides(overrides: list[str], *, config_name: str = CONFIG_NAME) -> None:
+    """Compose the config once with ``overrides`` (sweeps reduced to their first value).
+
+    Raises:
+        ConfigError: One sentence naming the bad key, value or option, with the closest valid key.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as error:  # Hydra's OverrideParseException
+        raise ConfigError(f"Cannot parse the overrides: {str(error).splitlines()[0]}") from None
+    single = []
+    for override in parsed:
+        key = override.get_key_element()
+        if key.lstrip("+~").startswith("hydra"):
+            continue
+        if override.is_sweep_override():
+            single.append(f"{key}={next(iter(override.sweep_string_iterator()))}")
+        else:
+            single.append(override.input_line)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        try:
+            cfg = compose(config_name, overrides=single)
+        except Exception as error:
+            raise ConfigError(describe_composition_error(error, single, config_name)) from None
+    valid = list(OmegaConf.structured(RunnerConfig))
+    unknown = sorted(set(cfg) - set(valid))
+    if unknown:
+        raise ConfigError(f"{unknown[0]} is not a config key; remove it (valid top-level keys: {', '.join(valid)}).")
+    validate(cfg)
+
+
+def describe_composition_error(error: Exception, overrides: list[str], config_name: str = CONFIG_NAME) -> str:
+    """One sentence for Hydra's composition error: the key (with a suggestion), value or option at fault."""
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    if isinstance(error, MissingConfigException):
+        group = next((o.split("=", 1)[0] for o in overrides if error.missing_cfg_file and
+                      error.missing_cfg_file.startswith(o.split("=", 1)[0].lstrip("+~") + "/")), None)  # fmt: skip
+        options = sorted(o for o in (error.options or []) if not o.endswith("_schema"))
+        if group is not None:
+            chosen = error.missing_cfg_file.split("/", 1)[1]
+            close = difflib.get_close_matches(chosen, options, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            return f"{group}={chosen} is not an option{hint}; choose one of {', '.join(options)}."
+        return str(error).splitlines()[0]
+    cause = error
+    while cause is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None or not getattr(cause, "full_key", None):
+        return str(error).splitlines()[0]
+    full_key = cause.full_key
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+        parent, _, name = full_key.rpartition(".")
+        valid = _keys_at(parent, [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != full_key], config_name)
+        close = difflib.get_close_matches(name, valid, n=1)
+        suggestion = f" (did you mean {'.'.join(filter(None, [parent, close[0]]))!r}?)" if close else ""
+        where = f"'{parent}'" if parent else "the config"
+        return f"{full_key} is not a key of {where}{suggestion}; `python -m runner --cfg job` lists every key."
+    value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+~") == full_key), None)
+    reason = str(cause).splitlines()[0]
+    return f"{full_key}={value} is not valid: {reason}."
+
+
+def _keys_at(path: str, overrides: list[str], config_name: str) -> list[str]:
+    from hydra import compose
+
+    try:
+        cfg = compose(config_name, overrides=overrides)
+    except Exception:
+        return []
+    node = OmegaConf.select(cfg, path) if path else cfg
+    return [str(k) for k in node.keys()] if isinstance(node, DictConfig) else []
+
+
+# ---------------------------------------------------------------------------------------------- torchrun
+def _under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
+
+
+def _torchrun_run_dir() -> list[str]:
+    """Hydra overrides that put every torchrun rank in one run folder, written by rank 0 only.
+
+    Each rank runs Hydra itself, and ``${now:}`` differs between processes that start a second
+    apart. The ranks agree through the elastic agent's own TCPStore: the first proposal wins.
+    """
+    rank = int(os.environ["RANK"])
+    stamp = time.strftime("%Y-%m-%d/%H-%M-%S")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60)
+        )
+        stamp = store.compare_set("runner/run_dir_stamp", "", stamp).decode()
+    else:
+        run_id = os.environ["TORCHELASTIC_RUN_ID"]
+        if run_id == "none":
+            raise ConfigError(
+                "Under this launcher the ranks cannot agree on a run folder; pass hydra.run.dir=... (the same on "
+                "every rank) or torchrun --rdzv-id."
+            )
+        stamp = f"torchrun-{run_id}"
+    extra = [f"hydra.run.dir=outputs/{stamp}"]
+    if rank != 0:
+        extra += ["hydra.output_subdir=null", "hydra/job_logging=disabled"]
+    return extra

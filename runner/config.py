@@ -1,0 +1,259 @@
+"""Config schemas (registered with Hydra's ConfigStore) and the checks that run before anything heavy.
+
+Every group in ``conf/`` is typed by a dataclass here: the fixed groups (trainer, data, project,
+tracker) through :class:`RunnerConfig`, and each option of the open groups (model, optimizer,
+scheduler, parallel) through its own schema, which its YAML names first in its defaults list. A
+wrong key or type is therefore rejected while Hydra composes; :func:`check_command_line` turns that
+rejection into one sentence, and :func:`validate` checks what types cannot (ranges, choices,
+combinations). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+
+MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
+STRATEGIES = ("none", "ddp")
+TRACKERS = ("tensorboard", "none")
+RECIPES = {"classification": "recipes.classification"}
+
+
+class ConfigError(ValueError):
+    """A user's config mistake: one sentence naming the key and the fix."""
+
+
+# ----------------------------------------------------------------------------------------- fixed groups
+@dataclass
+class TrainerConfig:
+    max_epochs: int = 1
+    max_steps: int | None = None  # optimizer steps; wins over max_epochs when set
+    mixed_precision: str = "no"
+    gradient_accumulation_steps: int = 1
+    max_grad_norm: float | None = None
+    num_processes: Any = 1  # an int, or "auto" (one per GPU, else 1)
+    num_nodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    max_restarts: int = 0
+    log_every_n_steps: int | None = 10
+    eval_every_n_steps: int | None = None  # null: at the end of each epoch
+    checkpoint_every_n_steps: int | None = None  # null: at the end of each epoch
+    cpu: bool = False
+    progress_bar: bool = True
+
+
+@dataclass
+class DataConfig:
+    name: str = "mnist"
+    root: str = "data/mnist"
+    download: bool = False
+    train_split: str = "train"
+    eval_split: str = "test"
+    batch_size: int = 64
+    eval_batch_size: int = 256
+    num_workers: int = 0
+
+
+@dataclass
+class ProjectConfig:
+    project_dir: str | None = None  # null: the Hydra run folder
+    automatic_checkpoint_naming: bool = True
+    total_limit: int | None = None
+    iteration: int = 0
+
+
+@dataclass
+class TrackerConfig:
+    name: str = "tensorboard"
+
+
+# ------------------------------------------------------------------------------- one schema per option
+@dataclass
+class MnistCNNConfig:
+    _target_: str = "runner.models.MnistCNN"
+    channels: int = 32
+    hidden: int = 128
+    dropout: float = 0.25
+
+
+@dataclass
+class AdamWConfig:
+    _target_: str = "torch.optim.AdamW"
+    _partial_: bool = True
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+
+@dataclass
+class SGDConfig:
+    _target_: str = "torch.optim.SGD"
+    _partial_: bool = True
+    lr: float = 0.01
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+
+
+@dataclass
+class WarmupCosineConfig:
+    _target_: str = "runner.schedules.warmup_cosine"
+    _partial_: bool = True
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+
+
+@dataclass
+class ConstantScheduleConfig:
+    _target_: str = "runner.schedules.constant"
+    _partial_: bool = True
+
+
+@dataclass
+class NoParallelConfig:
+    strategy: str = "none"
+
+
+@dataclass
+class DDPConfig:
+    strategy: str = "ddp"
+    find_unused_parameters: bool = False
+    bucket_cap_mb: int = 25
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+
+
+# -------------------------------------------------------------------------------------------- the root
+@dataclass
+class RunnerConfig:
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    project: ProjectConfig = field(default_factory=ProjectConfig)
+    tracker: TrackerConfig = field(default_factory=TrackerConfig)
+    model: Any = MISSING
+    optimizer: Any = MISSING
+    scheduler: Any = None
+    parallel: Any = MISSING
+    recipe: str = "classification"
+    seed: int = 42
+    resume: str | None = None
+
+
+OPTION_SCHEMAS: dict[str, dict[str, type]] = {
+    "model": {"mnist_cnn": MnistCNNConfig},
+    "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
+    "scheduler": {"cosine": WarmupCosineConfig, "constant": ConstantScheduleConfig},
+    "parallel": {"none": NoParallelConfig, "ddp": DDPConfig},
+}
+
+
+def register_configs() -> None:
+    """Put every schema in Hydra's ConfigStore (idempotent)."""
+    store = ConfigStore.instance()
+    store.store(name="runner_schema", node=RunnerConfig)
+    for group, options in OPTION_SCHEMAS.items():
+        for option, schema in options.items():
+            store.store(group=f"schema/{group}", name=option, node=schema)
+
+
+# ---------------------------------------------------------------------------------------------- checks
+_SPLIT = re.compile(r"^(?P<name>[A-Za-z_]\w*)(\[(?P<start>-?\d+%?)?:(?P<stop>-?\d+%?)?\])?$")
+
+
+def check_split(key: str, value: str) -> None:
+    if not _SPLIT.match(value):
+        raise ConfigError(
+            f"{key}={value!r} is not a split; write a name with an optional slice, like 'train', 'test[:8000]' "
+            "or 'train[:10%]'."
+        )
+
+
+def _at_least(cfg: DictConfig, key: str, minimum: int | float, *, optional: bool = False) -> None:
+    value = OmegaConf.select(cfg, key)
+    if value is None and optional:
+        return
+    if value is None or value < minimum:
+        hint = " (or null)" if optional else ""
+        raise ConfigError(f"{key}={value} must be at least {minimum}{hint}.")
+
+
+def _choice(cfg: DictConfig, key: str, choices: tuple[str, ...]) -> None:
+    value = OmegaConf.select(cfg, key)
+    if value not in choices:
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{key}={value!r} is not supported{hint}; use one of {', '.join(choices)}.")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check what the schemas' types cannot. Raises :class:`ConfigError` with one sentence."""
+    _choice(cfg, "trainer.mixed_precision", MIXED_PRECISION_CHOICES)
+    processes = cfg.trainer.num_processes
+    if processes != "auto" and not (isinstance(processes, int) and not isinstance(processes, bool) and processes >= 1):
+        raise ConfigError(f"trainer.num_processes={processes!r} must be a positive integer or 'auto'.")
+    _at_least(cfg, "trainer.num_nodes", 1)
+    if not 0 <= cfg.trainer.node_rank < cfg.trainer.num_nodes:
+        raise ConfigError(
+            f"trainer.node_rank={cfg.trainer.node_rank} must be between 0 and trainer.num_nodes-1 "
+            f"({cfg.trainer.num_nodes - 1})."
+        )
+    _at_least(cfg, "trainer.max_epochs", 1)
+    _at_least(cfg, "trainer.max_steps", 1, optional=True)
+    _at_least(cfg, "trainer.gradient_accumulation_steps", 1)
+    _at_least(cfg, "trainer.max_restarts", 0)
+    if cfg.trainer.max_grad_norm is not None and cfg.trainer.max_grad_norm <= 0:
+        raise ConfigError(f"trainer.max_grad_norm={cfg.trainer.max_grad_norm} must be positive (or null).")
+    for cadence in ("log_every_n_steps", "eval_every_n_steps", "checkpoint_every_n_steps"):
+        _at_least(cfg, f"trainer.{cadence}", 1, optional=True)
+    _at_least(cfg, "data.batch_size", 1)
+    _at_least(cfg, "data.eval_batch_size", 1)
+    _at_least(cfg, "data.num_workers", 0)
+    check_split("data.train_split", cfg.data.train_split)
+    check_split("data.eval_split", cfg.data.eval_split)
+    _at_least(cfg, "project.total_limit", 1, optional=True)
+    _choice(cfg, "tracker.name", TRACKERS)
+    _choice(cfg, "parallel.strategy", STRATEGIES)
+    several = (processes != "auto" and processes > 1) or cfg.trainer.num_nodes > 1
+    if several and cfg.parallel.strategy == "none":
+        raise ConfigError(
+            f"trainer.num_processes={processes} with trainer.num_nodes={cfg.trainer.num_nodes} needs a parallel "
+            "strategy; add parallel=ddp (or set trainer.num_processes=1)."
+        )
+    if cfg.trainer.num_nodes > 1 and not cfg.trainer.rdzv_endpoint:
+        raise ConfigError(
+            "trainer.num_nodes > 1 needs trainer.rdzv_endpoint=HOST:PORT, the address every node can reach."
+        )
+    recipe_module(cfg.recipe)
+
+
+def recipe_module(recipe: str) -> str:
+    """The module that holds ``recipe``'s ``train(cfg, accelerator)``; checked without importing it."""
+    module = RECIPES.get(recipe, recipe)
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None and recipe in RECIPES:
+        raise ConfigError(
+            f"recipe={recipe!r} lives in {module}, which is not importable; reinstall the project (pip install -e .)."
+        )
+    if found is None:
+        close = difflib.get_close_matches(recipe, RECIPES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"recipe={recipe!r} is neither a built-in recipe{hint} ({', '.join(RECIPES)}) nor an importable module; "
+            "pass a dotted path to a module with train(cfg, accelerator)."
+        )
+    return module
+
+
+def to_container(cfg: DictConfig | ListConfig) -> Any:
+    return OmegaConf.to_container(cfg, resolve=True)

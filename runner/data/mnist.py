@@ -1,0 +1,154 @@
+"""MNIST from the standard IDX files (gzipped or raw), with checksum-verified download."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import logging
+import os
+import struct
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from runner.data.splits import parse_split
+
+logger = logging.getLogger(__name__)
+
+# The four official files and their published sha256 (of the .gz files).
+MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+MNIST_SHA256 = {
+    "train-images-idx3-ubyte.gz": "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+    "train-labels-idx1-ubyte.gz": "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+    "t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+    "t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+}
+MIRRORS = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "https://storage.googleapis.com/cvdf-datasets/mnist/",
+)
+MEAN, STD = 0.1307, 0.3081
+_IDX_DTYPES = {0x08: torch.uint8, 0x09: torch.int8, 0x0B: torch.int16, 0x0C: torch.int32, 0x0D: torch.float32}
+
+
+def read_idx(path: str | os.PathLike) -> torch.Tensor:
+    """Read an IDX file (``.gz`` or raw) into a tensor of its stored dtype and shape."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
+        raise ValueError(f"{path} is not an IDX file (bad magic number); download it again.")
+    dtype, ndim = _IDX_DTYPES[data[2]], data[3]
+    shape = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    body = data[4 + 4 * ndim :]
+    expected = int(torch.tensor(shape).prod()) * torch.empty(0, dtype=dtype).element_size() if ndim else 0
+    if len(body) != expected:
+        raise ValueError(f"{path} holds {len(body)} bytes of data but its header promises {expected}; it is truncated.")
+    tensor = torch.frombuffer(bytearray(body), dtype=dtype)
+    if dtype.itemsize > 1:
+        tensor = tensor.view(torch.uint8).view(-1, dtype.itemsize).flip(1).contiguous().view(dtype)  # big-endian
+    return tensor.reshape(shape)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _find(root: Path, gz_name: str) -> Path | None:
+    for candidate in (root / gz_name, root / gz_name.removesuffix(".gz"), root / "MNIST" / "raw" / gz_name):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def download_mnist(root: str | os.PathLike, splits: tuple[str, ...] = ("train", "test")) -> list[Path]:
+    """Fetch the official files of ``splits`` into ``root``, verifying each one's sha256.
+
+    Files already present with the right checksum are kept. A file is written under a temporary
+    name and renamed only once its checksum matches, so a failed download leaves nothing behind.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    fetched = []
+    for split in splits:
+        for name in MNIST_FILES[split]:
+            target = root / name
+            if target.is_file() and sha256_of(target) == MNIST_SHA256[name]:
+                continue
+            fetched.append(_download_one(name, target))
+    return fetched
+
+
+def _download_one(name: str, target: Path) -> Path:
+    partial = target.with_name(target.name + ".part")
+    errors = []
+    for mirror in MIRRORS:
+        url = mirror + name
+        try:
+            logger.info("Downloading %s", url)
+            with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+        except (urllib.error.URLError, OSError) as error:
+            errors.append(f"{url}: {error}")
+            continue
+        digest = sha256_of(partial)
+        if digest == MNIST_SHA256[name]:
+            os.replace(partial, target)
+            return target
+        errors.append(f"{url}: sha256 {digest} is not the published {MNIST_SHA256[name]}")
+    partial.unlink(missing_ok=True)
+    raise RuntimeError(f"Could not download {name} from any mirror ({'; '.join(errors)}); check your connection.")
+
+
+class MNIST(Dataset):
+    """MNIST images as normalised ``[1, 28, 28]`` float tensors with ``int64`` labels.
+
+    Args:
+        root: Folder holding the IDX files (``.gz`` or raw, also in ``MNIST/raw/``).
+        split: ``train`` or ``test`` with an optional slice, e.g. ``test[:8000]``.
+        download: Fetch missing files (checksum-verified) into ``root``.
+    """
+
+    def __init__(self, root: str | os.PathLike, split: str = "train", download: bool = False) -> None:
+        spec = parse_split(split)
+        if spec.name not in MNIST_FILES:
+            raise ValueError(f"MNIST has no split {spec.name!r}; use 'train' or 'test' (with an optional slice).")
+        root = Path(root)
+        paths = [_find(root, name) for name in MNIST_FILES[spec.name]]
+        if None in paths and download:
+            download_mnist(root, (spec.name,))
+            paths = [_find(root, name) for name in MNIST_FILES[spec.name]]
+        missing = [name for name, path in zip(MNIST_FILES[spec.name], paths, strict=True) if path is None]
+        if missing:
+            raise FileNotFoundError(
+                f"MNIST files {', '.join(missing)} are not in {root}; set data.root to the folder that holds them "
+                "or data.download=true to fetch them."
+            )
+        images, labels = read_idx(paths[0]), read_idx(paths[1])
+        if images.shape[0] != labels.shape[0]:
+            raise ValueError(f"{paths[0]} has {images.shape[0]} images but {paths[1]} has {labels.shape[0]} labels.")
+        keep = spec.indices(len(labels))
+        if len(keep) == 0:
+            raise ValueError(f"Split {split!r} selects no MNIST images out of {len(labels)}; widen the slice.")
+        index = torch.arange(keep.start, keep.stop, keep.step)
+        self.split = split
+        self.images = ((images[index].float() / 255.0 - MEAN) / STD).unsqueeze(1)
+        self.labels = labels[index].long()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[index], self.labels[index]

@@ -1,0 +1,90 @@
+"""Find the checkpoint a ``resume=`` path means, and rebuild that run's config."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from runner.config import ConfigError
+
+logger = logging.getLogger("runner")
+
+CHECKPOINTS = "checkpoints"
+MANIFEST = "manifest.json"
+CONFIG_FILE = "config.yaml"
+OVERRIDES_FILE = "overrides.yaml"
+
+
+def find_checkpoint(path: str) -> tuple[Path, Path]:
+    """The run folder and checkpoint folder that ``resume=path`` names.
+
+    ``path`` is a ``checkpoints/checkpoint_N`` folder, or a run folder (its newest intact checkpoint,
+    skipping damaged ones with a warning).
+
+    Raises:
+        ConfigError: The path is missing, not a checkpoint or run folder, or has no intact checkpoint.
+    """
+    from runner.engine.checkpoint import checkpoint_number, committed_checkpoints, read_manifest
+
+    folder = Path(path).expanduser().resolve()
+    if not folder.is_dir():
+        raise ConfigError(
+            f"resume={path} does not exist; pass a run folder or one of its checkpoints/checkpoint_N folders."
+        )
+    if checkpoint_number(folder) is not None:
+        _check_intact(folder, read_manifest, path)
+        return folder.parent.parent, folder
+    if not (folder / CHECKPOINTS).is_dir():
+        raise ConfigError(
+            f"resume={path} is neither a checkpoint folder (checkpoint_N) nor a run folder (it has no "
+            f"{CHECKPOINTS}/ folder); pass one of those."
+        )
+    for checkpoint in reversed(committed_checkpoints(folder / CHECKPOINTS)):
+        try:
+            _check_intact(checkpoint, read_manifest, path)
+        except ConfigError as damaged:
+            logger.warning("Skipping %s: %s", checkpoint.name, damaged)
+            continue
+        return folder, checkpoint
+    raise ConfigError(f"resume={path} has no complete checkpoint in {folder / CHECKPOINTS}; start a new run instead.")
+
+
+def _check_intact(checkpoint: Path, read_manifest, path: str) -> None:
+    try:
+        read_manifest(checkpoint)
+    except (ValueError, FileNotFoundError) as error:
+        raise ConfigError(f"resume={path}: {error}") from None
+    if not (checkpoint / CONFIG_FILE).is_file():
+        raise ConfigError(
+            f"resume={path}: {checkpoint} has no {CONFIG_FILE}, so it was not written by `python -m runner`; "
+            "load it from your own script with accelerator.load_state()."
+        )
+
+
+def saved_overrides(checkpoint: Path) -> list[str]:
+    """The command-line overrides the checkpointed run was composed with."""
+    path = checkpoint / OVERRIDES_FILE
+    return [str(item) for item in OmegaConf.load(path)] if path.is_file() else []
+
+
+def resumed_config(checkpoint: Path, new_overrides: list[str]) -> DictConfig:
+    """The checkpointed run's own config with ``new_overrides`` (``key=value``) applied on top.
+
+    The overrides are parsed with Hydra's grammar, exactly as on a fresh command line.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from runner.config import RunnerConfig
+
+    cfg = OmegaConf.merge(OmegaConf.structured(RunnerConfig), OmegaConf.load(checkpoint / CONFIG_FILE))
+    OmegaConf.set_struct(cfg, True)
+    for override in OverridesParser.create().parse_overrides(new_overrides):
+        key = override.key_or_group
+        try:
+            OmegaConf.update(cfg, key, override.value(), merge=True)
+        except Exception as error:  # omegaconf raises several types; the first line names the key
+            reason = str(error).splitlines()[0]
+            raise ConfigError(f"Cannot apply {key}={override.value()!r} to the resumed run: {reason}.") from None
+    return cfg

@@ -1,0 +1,127 @@
+"""Bookkeeping a recipe calls: step budget, cadence, progress display, throughput, builders, metrics file.
+
+The training loop itself stays in the recipe; these helpers keep it short without hiding it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+logger = logging.getLogger("runner")
+
+
+@dataclass
+class TrainingProgress:
+    """The optimizer steps taken so far; registered for checkpointing so a resumed run continues the count."""
+
+    step: int = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.step = int(state["step"])
+
+
+def total_optimizer_steps(trainer: DictConfig, batches_per_epoch: int) -> int:
+    """``trainer.max_steps`` if set, else ``max_epochs`` epochs of optimizer steps.
+
+    With accumulation an epoch's optimizer steps round up: the last, shorter cycle of an epoch
+    also steps.
+    """
+    if trainer.max_steps:
+        return int(trainer.max_steps)
+    return trainer.max_epochs * math.ceil(batches_per_epoch / trainer.gradient_accumulation_steps)
+
+
+def every(interval: int | None, step: int) -> bool:
+    """Whether a cadence of ``interval`` optimizer steps falls on ``step`` (never when None)."""
+    return interval is not None and step % interval == 0
+
+
+def build_optimizer(optimizer_cfg: DictConfig, parameters):
+    """Instantiate a ``_partial_`` optimizer config with the model's parameters."""
+    return instantiate(optimizer_cfg)(parameters)
+
+
+def build_scheduler(scheduler_cfg: DictConfig | None, optimizer, total_steps: int):
+    """Instantiate the scheduler config, giving it ``total_steps`` if it takes that argument; None if unset."""
+    if scheduler_cfg is None:
+        return None
+    factory = instantiate(scheduler_cfg)
+    target = getattr(factory, "func", factory)
+    takes_total = "total_steps" in inspect.signature(target).parameters
+    return factory(optimizer, total_steps=total_steps) if takes_total else factory(optimizer)
+
+
+class Throughput:
+    """Samples per second between two reads."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.started = time.perf_counter()
+
+    def add(self, samples: int) -> None:
+        self.samples += samples
+
+    def read(self) -> float:
+        now = time.perf_counter()
+        rate = self.samples / max(now - self.started, 1e-9)
+        self.samples, self.started = 0, now
+        return rate
+
+
+class ProgressReporter:
+    """A progress bar on the main process when it writes to a terminal; plain log lines otherwise."""
+
+    def __init__(self, accelerator, *, total: int, initial: int, enabled: bool = True) -> None:
+        self.total = total
+        self.is_main = accelerator.is_main_process
+        self.bar = None
+        if self.is_main and enabled and sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def report(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.is_main:
+            return
+        text = " | ".join(f"{name} {_format(value)}" for name, value in metrics.items())
+        if self.bar is None:
+            logger.info("step %d/%d | %s", step, self.total, text)
+            return
+        self.bar.set_postfix_str(text, refresh=False)
+        if any(name.startswith("eval/") for name in metrics):  # evaluations stay on screen above the bar
+            self.bar.write(f"step {step}/{self.total} | {text}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _format(value: float) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def write_metrics(path: str | os.PathLike, metrics: dict[str, Any]) -> None:
+    """Write ``metrics`` as JSON, atomically."""
+    path = Path(path)
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    os.replace(partial, path)

@@ -1,0 +1,91 @@
+"""What every training process runs: build the Accelerator from the config, then the recipe."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from runner.config import recipe_module
+
+logger = logging.getLogger("runner")
+
+CONFIG_FILE = "config.yaml"
+OVERRIDES_FILE = "overrides.yaml"
+
+
+def configure_logging(*, rank: int, log_file: Path | None) -> None:
+    """Rank 0 logs INFO to the console (and ``log_file``); other ranks log warnings only."""
+    root = logging.getLogger()
+    if rank != 0:
+        root.setLevel(logging.WARNING)
+    if not any(isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) for h in root.handlers):
+        console = logging.StreamHandler(sys.stderr)
+        console.setFormatter(logging.Formatter(f"[%(asctime)s][rank {rank}][%(levelname)s] %(message)s", "%H:%M:%S"))
+        root.addHandler(console)
+    if rank == 0:
+        root.setLevel(logging.INFO)
+        has_file = any(isinstance(h, logging.FileHandler) for h in root.handlers)
+        if log_file is not None and not has_file:
+            handler = logging.FileHandler(log_file, mode="a")
+            handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+            root.addHandler(handler)
+
+
+def build_accelerator(cfg: DictConfig):
+    """The Accelerator the config describes (precision, accumulation, project folder, tracker, DDP options)."""
+    from runner.engine import Accelerator, DistributedDataParallelKwargs, ProjectConfiguration
+
+    project_dir = Path(cfg.project.project_dir)
+    handlers = []
+    if cfg.parallel.strategy == "ddp":
+        options = {k: v for k, v in OmegaConf.to_container(cfg.parallel).items() if k != "strategy"}
+        handlers.append(DistributedDataParallelKwargs(**options))
+    return Accelerator(
+        mixed_precision=cfg.trainer.mixed_precision,
+        gradient_accumulation_steps=cfg.trainer.gradient_accumulation_steps,
+        cpu=cfg.trainer.cpu,
+        log_with=None if cfg.tracker.name == "none" else cfg.tracker.name,
+        project_config=ProjectConfiguration(
+            str(project_dir),
+            logging_dir=str(project_dir / "logs"),
+            automatic_checkpoint_naming=cfg.project.automatic_checkpoint_naming,
+            total_limit=cfg.project.total_limit,
+            iteration=cfg.project.iteration,
+        ),
+        # Runner schedules count optimizer steps; recipes step them once per real optimizer step.
+        step_scheduler_with_optimizer=False,
+        kwargs_handlers=handlers,
+    )
+
+
+def record_config_in_checkpoints(accelerator, config: dict[str, Any], overrides: list[str]) -> None:
+    """Write the run's config and overrides into every checkpoint, so resume can rebuild the run."""
+
+    def write(models, weights, output_dir: str) -> None:
+        if accelerator.is_main_process:
+            OmegaConf.save(OmegaConf.create(config), Path(output_dir, CONFIG_FILE))
+            OmegaConf.save(OmegaConf.create(list(overrides)), Path(output_dir, OVERRIDES_FILE))
+
+    accelerator.register_save_state_pre_hook(write)
+
+
+def run_worker(config: dict[str, Any], overrides: list[str]) -> float | None:
+    """Train one process's share of the run described by ``config`` (already resolved)."""
+    cfg = OmegaConf.create(config)
+    rank = int(os.environ.get("RANK", "0"))
+    configure_logging(rank=rank, log_file=Path(cfg.project.project_dir) / "run.log")
+    if "OMP_NUM_THREADS" in os.environ:
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    accelerator = build_accelerator(cfg)
+    record_config_in_checkpoints(accelerator, config, overrides)
+    recipe = importlib.import_module(recipe_module(cfg.recipe))
+    logger.info("Running recipe %s on %s", cfg.recipe, accelerator)
+    return recipe.train(cfg, accelerator)
