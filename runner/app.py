@@ -19,7 +19,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from runner.config import ConfigError, RunnerConfig, register_configs, validate
+from runner.config import ConfigError, RunnerConfig, check_data, register_configs, validate
 
 logger = logging.getLogger("runner")
 
@@ -56,6 +56,7 @@ def main(cfg: DictConfig) -> float | None:
         if cfg.resume:
             cfg, overrides = _resume(cfg, overrides)
             validate(cfg)
+        check_data(cfg)
         config = OmegaConf.to_container(cfg, resolve=True)
         config["project"]["project_dir"] = str(_project_dir(cfg))
         return launch(config, overrides)
@@ -91,7 +92,13 @@ def _resume(cfg: DictConfig, task_overrides: list[str]) -> tuple[DictConfig, lis
     resumed.project.project_dir = str(run_dir)
     resumed.resume = str(checkpoint)
     logger.info("Resuming %s from %s with new overrides %s", run_dir, checkpoint.name, new)
-    return resumed, saved + new
+    return resumed, _last_per_key(saved + new)
+
+
+def _last_per_key(overrides: list[str]) -> list[str]:
+    """Overrides with only the last one of each key kept (what Hydra would apply)."""
+    last = {o.split("=", 1)[0]: o for o in overrides}
+    return [o for o in overrides if last[o.split("=", 1)[0]] is o]
 
 
 def _is_resume(override: str) -> bool:
@@ -178,6 +185,8 @@ def check_overrides(overrides: list[str], *, config_name: str = CONFIG_NAME) -> 
     if unknown:
         raise ConfigError(f"{unknown[0]} is not a config key; remove it (valid top-level keys: {', '.join(valid)}).")
     validate(cfg)
+    if not cfg.resume:
+        check_data(cfg)
 
 
 def describe_composition_error(error: Exception, overrides: list[str], config_name: str = CONFIG_NAME) -> str:

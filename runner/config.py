@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 STRATEGIES = ("none", "ddp")
@@ -53,7 +53,7 @@ class TrainerConfig:
 class DataConfig:
     name: str = "mnist"
     root: str = "data/mnist"
-    download: bool = False
+    download: bool = True
     train_split: str = "train"
     eval_split: str = "test"
     batch_size: int = 64
@@ -255,5 +255,15 @@ def recipe_module(recipe: str) -> str:
     return module
 
 
-def to_container(cfg: DictConfig | ListConfig) -> Any:
-    return OmegaConf.to_container(cfg, resolve=True)
+def check_data(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` if the dataset's files are missing and ``data.download`` is off."""
+    from runner.data import missing_files
+
+    if cfg.data.download:
+        return
+    missing = missing_files(cfg.data.name, root=cfg.data.root, splits=[cfg.data.train_split, cfg.data.eval_split])
+    if missing:
+        raise ConfigError(
+            f"{cfg.data.name} files {', '.join(missing)} are not in {cfg.data.root}; set data.root to the folder "
+            "that holds them, or data.download=true to fetch them."
+        )

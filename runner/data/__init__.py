@@ -1,13 +1,34 @@
-"""Datasets the runner builds by name from the ``data`` config group."""
+"""Datasets the runner builds by name from the ``data`` config group.
 
-from runner.data.mnist import MNIST, MNIST_FILES, download_mnist
+This package's top level imports no torch, so the launcher can check data files before any worker
+starts; the dataset classes load on first use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
 from runner.data.splits import SplitSpec, parse_split
 
-__all__ = ["MNIST", "MNIST_FILES", "SplitSpec", "build_dataset", "download_mnist", "parse_split"]
+__all__ = ["SplitSpec", "build_dataset", "missing_files", "parse_split"]
+
+DATASETS = ("mnist",)
+
+
+def missing_files(name: str, *, root: str, splits: list[str]) -> list[str]:
+    """The files ``name`` needs for ``splits`` that are not under ``root``."""
+    if name == "mnist":
+        from runner.data.mnist_files import MNIST_FILES, find_mnist_file
+
+        wanted = [file for split in dict.fromkeys(parse_split(s).name for s in splits) for file in MNIST_FILES[split]]
+        return [file for file in wanted if find_mnist_file(Path(root), file) is None]
+    raise ValueError(f"data.name={name!r} is not a known dataset; use one of {', '.join(DATASETS)}.")
 
 
 def build_dataset(name: str, *, root: str, split: str, download: bool = False):
     """The dataset ``name`` restricted to ``split`` (e.g. ``"test[:8000]"``)."""
     if name == "mnist":
+        from runner.data.mnist import MNIST
+
         return MNIST(root, split=split, download=download)
-    raise ValueError(f"data.name={name!r} is not a known dataset; use 'mnist'.")
+    raise ValueError(f"data.name={name!r} is not a known dataset; use one of {', '.join(DATASETS)}.")

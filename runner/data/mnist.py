@@ -14,25 +14,12 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from runner.data import mnist_files
+from runner.data.mnist_files import MNIST_FILES, MNIST_SHA256, find_mnist_file
 from runner.data.splits import parse_split
 
 logger = logging.getLogger(__name__)
 
-# The four official files and their published sha256 (of the .gz files).
-MNIST_FILES = {
-    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
-}
-MNIST_SHA256 = {
-    "train-images-idx3-ubyte.gz": "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
-    "train-labels-idx1-ubyte.gz": "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
-    "t10k-images-idx3-ubyte.gz": "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
-    "t10k-labels-idx1-ubyte.gz": "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
-}
-MIRRORS = (
-    "https://ossci-datasets.s3.amazonaws.com/mnist/",
-    "https://storage.googleapis.com/cvdf-datasets/mnist/",
-)
 MEAN, STD = 0.1307, 0.3081
 _IDX_DTYPES = {0x08: torch.uint8, 0x09: torch.int8, 0x0B: torch.int16, 0x0C: torch.int32, 0x0D: torch.float32}
 
@@ -65,13 +52,6 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _find(root: Path, gz_name: str) -> Path | None:
-    for candidate in (root / gz_name, root / gz_name.removesuffix(".gz"), root / "MNIST" / "raw" / gz_name):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 def download_mnist(root: str | os.PathLike, splits: tuple[str, ...] = ("train", "test")) -> list[Path]:
     """Fetch the official files of ``splits`` into ``root``, verifying each one's sha256.
 
@@ -93,7 +73,7 @@ def download_mnist(root: str | os.PathLike, splits: tuple[str, ...] = ("train", 
 def _download_one(name: str, target: Path) -> Path:
     partial = target.with_name(target.name + ".part")
     errors = []
-    for mirror in MIRRORS:
+    for mirror in mnist_files.MIRRORS:
         url = mirror + name
         try:
             logger.info("Downloading %s", url)
@@ -126,10 +106,10 @@ class MNIST(Dataset):
         if spec.name not in MNIST_FILES:
             raise ValueError(f"MNIST has no split {spec.name!r}; use 'train' or 'test' (with an optional slice).")
         root = Path(root)
-        paths = [_find(root, name) for name in MNIST_FILES[spec.name]]
+        paths = [find_mnist_file(root, name) for name in MNIST_FILES[spec.name]]
         if None in paths and download:
             download_mnist(root, (spec.name,))
-            paths = [_find(root, name) for name in MNIST_FILES[spec.name]]
+            paths = [find_mnist_file(root, name) for name in MNIST_FILES[spec.name]]
         missing = [name for name, path in zip(MNIST_FILES[spec.name], paths, strict=True) if path is None]
         if missing:
             raise FileNotFoundError(

@@ -25,6 +25,7 @@ from runner.engine.checkpoint import (
     checkpoints_dir,
     committed_checkpoints,
     load_training_state,
+    newest_checkpoint_number,
     rotate_checkpoints,
     save_training_state,
 )
@@ -543,15 +544,15 @@ class Accelerator:
         """Save models, optimizers, schedulers, scaler, RNG states and registered objects.
 
         With ``automatic_checkpoint_naming`` the folder is ``project_dir/checkpoints/checkpoint_{i}``
-        and ``i`` advances after each save; ``total_limit`` then keeps the newest checkpoints. The
-        folder appears only once complete. Every process must call this.
+        and ``i`` advances after each save (past any folder already there, with a warning: nothing
+        is overwritten); ``total_limit`` then keeps the newest checkpoints. The folder appears only
+        once complete. Every process must call this.
 
         Returns:
             The checkpoint folder.
 
         Raises:
-            ValueError: No folder was given (and naming is not automatic), or the automatic name is
-                already taken.
+            ValueError: No folder was given and naming is not automatic.
         """
         config = self.project_configuration
         if config.automatic_checkpoint_naming:
@@ -561,12 +562,18 @@ class Accelerator:
                 raise ValueError(
                     "automatic_checkpoint_naming needs a project_dir; pass project_dir= to the Accelerator."
                 )
-            target = checkpoints_dir(self.project_dir) / f"{CHECKPOINT_PREFIX}{config.iteration}"
-            if target.exists():
-                raise ValueError(
-                    f"Checkpoint folder {target} already exists; load_state() it to continue after it, or set "
-                    "ProjectConfiguration(iteration=...) to a free number."
+            directory = checkpoints_dir(self.project_dir)
+            newest = newest_checkpoint_number(directory)
+            if newest is not None and config.iteration <= newest:
+                # Never overwrite, and never fail a save (that would lose the training since the last
+                # one): continue the numbering after the newest folder instead.
+                warnings.warn(
+                    f"{directory / f'{CHECKPOINT_PREFIX}{config.iteration}'} is taken (the newest is "
+                    f"{CHECKPOINT_PREFIX}{newest}); saving as {CHECKPOINT_PREFIX}{newest + 1} so nothing is overwritten.",
+                    stacklevel=2,
                 )
+                config.iteration = newest + 1
+            target = directory / f"{CHECKPOINT_PREFIX}{config.iteration}"
         elif output_dir is None:
             raise ValueError(
                 "save_state() needs an output_dir unless ProjectConfiguration(automatic_checkpoint_naming=True)."

@@ -89,6 +89,13 @@ def committed_checkpoints(checkpoints_dir: str | os.PathLike) -> list[Path]:
     return [p for n, p in sorted(found, key=lambda item: item[0] or 0) if n is not None and is_committed(p)]
 
 
+def newest_checkpoint_number(checkpoints_dir: str | os.PathLike) -> int | None:
+    """The largest N of any ``checkpoint_N`` folder (committed or not) in ``checkpoints_dir``."""
+    directory = Path(checkpoints_dir)
+    numbers = [checkpoint_number(p) for p in directory.iterdir()] if directory.is_dir() else []
+    return max((n for n in numbers if n is not None), default=None)
+
+
 def checkpoints_dir(project_dir: str | os.PathLike) -> Path:
     return Path(project_dir) / CHECKPOINTS_DIR
 

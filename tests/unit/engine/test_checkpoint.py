@@ -96,11 +96,15 @@ def test_automatic_naming_total_limit_and_numbering_after_load(tmp_path):
     assert resumed.save_state().endswith("checkpoint_3")
     assert names(tmp_path) == ["checkpoint_2", "checkpoint_3"]
 
-    older = build(tmp_path, total_limit=2)[0]
+    older = build(tmp_path, total_limit=3)[0]
     older.load_state(tmp_path / "checkpoints" / "checkpoint_2")
-    with pytest.raises(ValueError, match=r"checkpoint_3 already exists; load_state\(\) it"):
-        older.save_state()  # never overwrite a newer checkpoint
-    assert names(tmp_path) == ["checkpoint_2", "checkpoint_3"]
+    assert older.save_iteration == 3
+    with pytest.warns(
+        UserWarning, match=r"checkpoint_3 is taken \(the newest is checkpoint_3\); saving as checkpoint_4"
+    ):
+        assert older.save_state().endswith("checkpoint_4")  # never overwrite a newer checkpoint, never fail
+    assert names(tmp_path) == ["checkpoint_2", "checkpoint_3", "checkpoint_4"]
+    assert older.save_iteration == 5
 
 
 def test_rotation_never_deletes_the_checkpoint_the_run_loaded(tmp_path):
@@ -117,15 +121,17 @@ def test_incomplete_and_stray_folders_are_ignored(tmp_path):
     save_n(tmp_path, 2, total_limit=5)
     checkpoints = tmp_path / "checkpoints"
     (checkpoints / "checkpoint_7").mkdir()  # no manifest: a save that never committed
-    (checkpoints / "checkpoint_8.incomplete").mkdir()
+    (checkpoints / "checkpoint_9.incomplete").mkdir()
     (checkpoints / "notes").mkdir()
     (checkpoints / "README.txt").write_text("mine")
     accelerator = build(tmp_path, total_limit=1)[0]
     accelerator.load_state()
     assert accelerator.save_iteration == 2  # loaded checkpoint_1, not the uncommitted checkpoint_7
-    accelerator.save_state()
+    with pytest.warns(UserWarning, match="saving as checkpoint_8 so nothing is overwritten"):
+        accelerator.save_state()
+    # Rotation counted only committed checkpoints: it deleted checkpoint_0, kept the loaded checkpoint_1.
     assert names(tmp_path) == [
-        "README.txt", "checkpoint_1", "checkpoint_2", "checkpoint_7", "checkpoint_8.incomplete", "notes",
+        "README.txt", "checkpoint_1", "checkpoint_7", "checkpoint_8", "checkpoint_9.incomplete", "notes",
     ]  # fmt: skip
     with pytest.raises(ValueError, match=r"checkpoint_7 is not a complete checkpoint \(it has no manifest.json\)"):
         accelerator.load_state(checkpoints / "checkpoint_7")
