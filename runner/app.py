@@ -162,10 +162,16 @@ def check_overrides(overrides: list[str], *, config_name: str = CONFIG_NAME) -> 
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception as error:  # Hydra's OverrideParseException
-        raise ConfigError(f"Cannot parse the overrides: {str(error).splitlines()[0]}") from None
+    parser = OverridesParser.create()
+    parsed = []
+    for line in overrides:
+        try:
+            parsed.extend(parser.parse_overrides([line]))
+        except Exception as error:  # Hydra's OverrideParseException
+            raise ConfigError(
+                f"Cannot parse the override {line!r} ({str(error).splitlines()[0]}); values with brackets, commas "
+                """or spaces need inner quotes, e.g. 'data.train_split="test[:8000]"'."""
+            ) from None
     single = []
     for override in parsed:
         key = override.get_key_element()

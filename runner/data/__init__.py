@@ -20,7 +20,11 @@ def missing_files(name: str, *, root: str, splits: list[str]) -> list[str]:
     if name == "mnist":
         from runner.data.mnist_files import MNIST_FILES, find_mnist_file
 
-        wanted = [file for split in dict.fromkeys(parse_split(s).name for s in splits) for file in MNIST_FILES[split]]
+        names = list(dict.fromkeys(parse_split(s).name for s in splits))
+        unknown = [name for name in names if name not in MNIST_FILES]
+        if unknown:
+            raise ValueError(f"MNIST has no split {unknown[0]!r}; use 'train' or 'test' (with an optional slice).")
+        wanted = [file for name in names for file in MNIST_FILES[name]]
         return [file for file in wanted if find_mnist_file(Path(root), file) is None]
     raise ValueError(f"data.name={name!r} is not a known dataset; use one of {', '.join(DATASETS)}.")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import logging
+import math
 import os
 import struct
 import urllib.error
@@ -33,11 +34,15 @@ def read_idx(path: str | os.PathLike) -> torch.Tensor:
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
         raise ValueError(f"{path} is not an IDX file (bad magic number); download it again.")
     dtype, ndim = _IDX_DTYPES[data[2]], data[3]
+    if len(data) < 4 + 4 * ndim:
+        raise ValueError(f"{path} ends inside its header; it is truncated, so download it again.")
     shape = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
     body = data[4 + 4 * ndim :]
-    expected = int(torch.tensor(shape).prod()) * torch.empty(0, dtype=dtype).element_size() if ndim else 0
+    expected = math.prod(shape) * dtype.itemsize
     if len(body) != expected:
         raise ValueError(f"{path} holds {len(body)} bytes of data but its header promises {expected}; it is truncated.")
+    if expected == 0:
+        return torch.empty(shape, dtype=dtype)
     tensor = torch.frombuffer(bytearray(body), dtype=dtype)
     if dtype.itemsize > 1:
         tensor = tensor.view(torch.uint8).view(-1, dtype.itemsize).flip(1).contiguous().view(dtype)  # big-endian

@@ -567,9 +567,10 @@ class Accelerator:
             if newest is not None and config.iteration <= newest:
                 # Never overwrite, and never fail a save (that would lose the training since the last
                 # one): continue the numbering after the newest folder instead.
+                taken, free = f"{CHECKPOINT_PREFIX}{config.iteration}", f"{CHECKPOINT_PREFIX}{newest + 1}"
                 warnings.warn(
-                    f"{directory / f'{CHECKPOINT_PREFIX}{config.iteration}'} is taken (the newest is "
-                    f"{CHECKPOINT_PREFIX}{newest}); saving as {CHECKPOINT_PREFIX}{newest + 1} so nothing is overwritten.",
+                    f"{directory / taken} is taken (the newest is {CHECKPOINT_PREFIX}{newest}); saving as {free} "
+                    "so nothing is overwritten.",
                     stacklevel=2,
                 )
                 config.iteration = newest + 1

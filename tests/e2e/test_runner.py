@@ -1,0 +1,152 @@
+"""``python -m runner ...`` end to end, on slices of the real MNIST test split."""
+
+import json
+import re
+
+import torch
+from safetensors.torch import load_file
+
+from tests.e2e.conftest import metrics, mnist_args, run_cli
+
+
+def scalars(log_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_default_experiment_on_one_process(tmp_path):
+    run = tmp_path / "run"
+    result = run_cli(*mnist_args(), "trainer.max_steps=20", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {p.name for p in run.iterdir()} >= {".hydra", "run.log", "logs", "checkpoints", "model", "metrics.json"}
+    assert (run / ".hydra" / "config.yaml").is_file() and (run / "model" / "model.safetensors").is_file()
+    summary = metrics(run)
+    assert summary["step"] == 20 and summary["eval/accuracy"] > 0.5  # it learned: chance is 0.1
+    logged = scalars(run / "logs")
+    assert [step for step, _ in logged["train/loss"]] == [10, 20]
+    assert logged["eval/accuracy"] == [(20, summary["eval/accuracy"])]
+    assert {"train/lr", "train/samples_per_second"} <= set(logged)
+    assert "step 20/20" in (run / "run.log").read_text()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint_0"]
+
+
+def test_mnist_ddp_with_fp16_learns(tmp_path):
+    run = tmp_path / "run"
+    result = run_cli(
+        "experiment=mnist_ddp", "trainer.mixed_precision=fp16", *mnist_args(), "data.batch_size=64",
+        "trainer.max_steps=40", "trainer.eval_every_n_steps=40", f"hydra.run.dir={run}", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = metrics(run)
+    assert summary["step"] == 40 and summary["eval/accuracy"] > 0.8, summary
+    checkpoint = run / "checkpoints" / "checkpoint_0"
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    assert manifest["world_size"] == 2
+    assert {"random_states_0.pt", "random_states_1.pt", "scaler.pt"} <= set(manifest["files"])
+    log = (run / "run.log").read_text()
+    assert "distributed_type=MULTI_CPU, num_processes=2" in log and "mixed_precision=fp16" in log
+    assert "rank 1" not in log  # only rank 0 writes the run's log
+
+
+def test_multirun_of_two_ddp_jobs(tmp_path):
+    sweep = tmp_path / "sweep"
+    result = run_cli(
+        "-m", "experiment=mnist_ddp", "optimizer.lr=1e-3,3e-3", *mnist_args("test[:512]", "test[9800:]"),
+        "trainer.max_steps=3", f"hydra.sweep.dir={sweep}", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    for job, lr in (("0", "0.001"), ("1", "0.003")):
+        overrides = (sweep / job / ".hydra" / "overrides.yaml").read_text()
+        assert f"optimizer.lr={lr}" in overrides
+        assert metrics(sweep / job)["step"] == 3
+        assert (sweep / job / "checkpoints" / "checkpoint_0" / "random_states_1.pt").is_file()
+    assert (sweep / "multirun.yaml").is_file()
+
+
+def test_resume_from_a_checkpoint_then_a_run_folder_matches_an_uninterrupted_run(tmp_path):
+    common = [*mnist_args("test[:1000]", "test[9800:]"), "scheduler=constant", "trainer.checkpoint_every_n_steps=5"]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert run_cli(*common, "trainer.max_steps=20", f"hydra.run.dir={full}", cwd=tmp_path).returncode == 0
+    assert run_cli(*common, "trainer.max_steps=10", f"hydra.run.dir={cut}", cwd=tmp_path).returncode == 0
+
+    resumed = run_cli(f"resume={cut}/checkpoints/checkpoint_1", "trainer.max_steps=15", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert sorted(p.name for p in (cut / "checkpoints").iterdir()) == ["checkpoint_0", "checkpoint_1", "checkpoint_2"]
+    again = run_cli(f"resume={cut}", "trainer.max_steps=20", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    # total_limit=3 rotated checkpoint_0 away; checkpoint_2 (resumed from) is kept.
+    assert sorted(p.name for p in (cut / "checkpoints").iterdir()) == ["checkpoint_1", "checkpoint_2", "checkpoint_3"]
+    assert not (tmp_path / "outputs").exists()  # resuming wrote into the resumed run's folder only
+
+    assert metrics(cut)["step"] == 20
+    assert metrics(cut)["eval/accuracy"] == metrics(full)["eval/accuracy"]
+    expected, got = load_file(full / "model" / "model.safetensors"), load_file(cut / "model" / "model.safetensors")
+    assert all(torch.equal(expected[k], got[k]) for k in expected)  # bit-identical to the uninterrupted run
+    overrides = (cut / "checkpoints" / "checkpoint_3" / "overrides.yaml").read_text()
+    assert "trainer.max_steps=20" in overrides and "trainer.max_steps=10" not in overrides
+    log = (cut / "run.log").read_text()
+    assert "Resumed at step 10" in log and "Resumed at step 15" in log
+
+
+def test_typo_in_a_key_exits_2_with_one_sentence_and_creates_nothing(tmp_path):
+    result = run_cli("trainer.max_step=3", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "runner: error: trainer.max_step is not a key of 'trainer' (did you mean 'trainer.max_steps'?); "
+        "`python -m runner --cfg job` lists every key."
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_data_exits_2_naming_the_files_and_the_flag(tmp_path):
+    result = run_cli(f"data.root={tmp_path / 'nowhere'}", "data.download=false", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz" in result.stderr
+    assert "data.download=true" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_wrong_resume_path_exits_2(tmp_path):
+    result = run_cli(f"resume={tmp_path / 'nope'}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert re.fullmatch(r"runner: error: resume=.*nope does not exist; pass a run folder .*\n", result.stderr)
+
+
+def test_a_failing_worker_fails_the_run_with_its_error(tmp_path):
+    result = run_cli(
+        "experiment=mnist_ddp", *mnist_args("test[:256]", "test[20000:]"), f"hydra.run.dir={tmp_path / 'run'}",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert re.search(
+        r"runner: error: Worker rank [01] failed: ValueError: Split 'test\[20000:\]' selects no", result.stderr
+    )
+
+
+def test_help_and_cfg_job(tmp_path):
+    helped = run_cli("-X", "importtime", "-m", "runner", "--help", cwd=tmp_path, module=False)
+    assert helped.returncode == 0
+    assert "experiment: mnist, mnist_ddp" in helped.stdout and "parallel:   none, ddp" in helped.stdout
+    imported = [line.rsplit("|", 1)[-1].strip() for line in helped.stderr.splitlines() if "|" in line]
+    assert "hydra" in imported and not [m for m in imported if m.split(".")[0] == "torch"]
+    shown = run_cli("--cfg", "job", "experiment=mnist_ddp", "trainer.mixed_precision=bf16", cwd=tmp_path)
+    assert shown.returncode == 0
+    assert "num_processes: 2" in shown.stdout and "mixed_precision: bf16" in shown.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_torchrun_ranks_join_one_group_and_one_run_folder(tmp_path):
+    result = run_cli(
+        "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "runner",
+        "experiment=mnist_ddp", *mnist_args("test[:512]", "test[9800:]"), "trainer.max_steps=3",
+        cwd=tmp_path, module=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
+    assert len(runs) == 1, runs
+    assert metrics(runs[0])["step"] == 3
+    assert json.loads((runs[0] / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())["world_size"] == 2
+    assert (runs[0] / ".hydra" / "config.yaml").is_file()

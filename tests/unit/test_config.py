@@ -1,0 +1,105 @@
+"""Every YAML under conf/ composes and validates; bad keys, types and values get one sentence."""
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from runner.app import CONF_DIR, check_overrides
+from runner.config import ConfigError, register_configs, validate
+
+register_configs()
+GROUP_OPTIONS = sorted(
+    (path.parent.name, path.stem)
+    for path in CONF_DIR.rglob("*.yaml")
+    if path.parent != CONF_DIR and "hydra" not in path.relative_to(CONF_DIR).parts
+)
+HYDRA_CONFIGS = sorted(path for path in (CONF_DIR / "hydra").rglob("*.yaml"))
+
+
+def composed(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def test_conf_has_every_group_of_the_contract():
+    groups = {group for group, _ in GROUP_OPTIONS}
+    expected = {"trainer", "model", "data", "optimizer", "scheduler", "parallel", "project", "tracker", "experiment"}
+    assert groups == expected
+    assert {"mnist", "mnist_ddp"} <= {option for group, option in GROUP_OPTIONS if group == "experiment"}
+
+
+@pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS)
+def test_every_yaml_composes_and_validates(group, option):
+    cfg = composed(f"{group}={option}")
+    validate(cfg)
+    assert OmegaConf.select(cfg, "model._target_") == "runner.models.MnistCNN"
+    first_line = (CONF_DIR / group / f"{option}.yaml").read_text().splitlines()[0]
+    assert first_line.startswith("#")  # every YAML says what it is
+
+
+@pytest.mark.parametrize("name", [p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")])
+def test_each_experiment_starts_with_the_command_that_runs_it(name):
+    header = []
+    for line in (CONF_DIR / "experiment" / f"{name}.yaml").read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    assert header[0] == "# @package _global_"
+    assert any(f"python -m runner experiment={name}" in line for line in header)
+
+
+def test_mnist_ddp_runs_two_processes_with_ddp():
+    cfg = composed("experiment=mnist_ddp", "trainer.mixed_precision=fp16")
+    assert (cfg.trainer.num_processes, cfg.parallel.strategy, cfg.trainer.mixed_precision) == (2, "ddp", "fp16")
+    assert cfg.parallel.find_unused_parameters is False
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.max_step=3"], "trainer.max_step is not a key of 'trainer' (did you mean 'trainer.max_steps'?)"),
+        (["model.chanels=3"], "model.chanels is not a key of 'model' (did you mean 'model.channels'?)"),
+        (["optimizer=sgd", "optimizer.momentm=0.5"], "did you mean 'optimizer.momentum'?"),
+        (["sed=3"], "sed is not a key of the config (did you mean 'seed'?)"),
+        (["+extra=1"], "extra is not a config key; remove it"),
+        (["trainer.max_steps=abc"], "trainer.max_steps=abc is not valid: Value 'abc' of type 'str' could not be"),
+        (["experiment=mnist_dp"], "experiment=mnist_dp is not an option (did you mean 'mnist_ddp'?); choose one of"),
+        (["trainer.mixed_precision=fp17"], "trainer.mixed_precision='fp17' is not supported (did you mean 'fp16'?)"),
+        (["trainer.num_processes=2"], "trainer.num_processes=2 with trainer.num_nodes=1 needs a parallel strategy"),
+        (["trainer.num_processes=0"], "trainer.num_processes=0 must be a positive integer or 'auto'"),
+        (["trainer.num_processes=many"], "trainer.num_processes='many' must be a positive integer or 'auto'"),
+        (["trainer.node_rank=1"], "trainer.node_rank=1 must be between 0 and trainer.num_nodes-1"),
+        (["trainer.num_nodes=2", "parallel=ddp"], "trainer.num_nodes > 1 needs trainer.rdzv_endpoint=HOST:PORT"),
+        (["data.batch_size=0"], "data.batch_size=0 must be at least 1."),
+        (["trainer.checkpoint_every_n_steps=0"], "trainer.checkpoint_every_n_steps=0 must be at least 1 (or null)."),
+        (['data.train_split="tes[:5"'], "data.train_split='tes[:5' is not a split"),
+        (["data.train_split=test[:5]"], "Cannot parse the override 'data.train_split=test[:5]'"),
+        (["tracker=wandb"], "tracker=wandb is not an option; choose one of none, tensorboard"),
+        (
+            ["recipe=classificaton"],
+            "recipe='classificaton' is neither a built-in recipe (did you mean 'classification'?)",
+        ),
+        (["trainer.max_grad_norm=-1"], "trainer.max_grad_norm=-1.0 must be positive (or null)."),
+    ],
+)
+def test_bad_overrides_get_one_sentence_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        check_overrides(overrides)
+    text = str(info.value)
+    assert message in text
+    assert "\n" not in text
+
+
+def test_sweeps_are_checked_with_their_first_value():
+    check_overrides(["optimizer.lr=1e-3,3e-3", "data.download=true"])
+    with pytest.raises(ConfigError, match="did you mean 'optimizer.lr'"):
+        check_overrides(["optimizer.lrr=1e-3,3e-3"])
+
+
+@pytest.mark.parametrize("path", HYDRA_CONFIGS, ids=lambda p: p.stem)
+def test_hydra_settings_in_conf_compose(path):
+    group = path.parent.relative_to(CONF_DIR).as_posix()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"{group}={path.stem}"], return_hydra_config=True)
+    logging = OmegaConf.to_container(cfg.hydra.job_logging, resolve=False)
+    assert logging["handlers"]["file"]["filename"] == "${hydra.runtime.output_dir}/run.log"
