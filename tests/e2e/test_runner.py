@@ -150,3 +150,19 @@ def test_torchrun_ranks_join_one_group_and_one_run_folder(tmp_path):
     assert metrics(runs[0])["step"] == 3
     assert json.loads((runs[0] / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())["world_size"] == 2
     assert (runs[0] / ".hydra" / "config.yaml").is_file()
+
+
+def test_recipe_can_be_a_users_own_module(tmp_path):
+    (tmp_path / "my_recipe.py").write_text(
+        "import json, pathlib\n"
+        "def train(cfg, accelerator):\n"
+        "    out = pathlib.Path(accelerator.project_dir) / 'mine.json'\n"
+        "    out.write_text(json.dumps({'seed': cfg.seed, 'world': accelerator.num_processes}))\n"
+        "    return 0.5\n"
+    )
+    run = tmp_path / "run"
+    result = run_cli("recipe=my_recipe", "seed=7", *mnist_args(), f"hydra.run.dir={run}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((run / "mine.json").read_text()) == {"seed": 7, "world": 1}
+    missing = run_cli("recipe=not_a_module", cwd=tmp_path)
+    assert missing.returncode == 2 and "recipe='not_a_module' is neither a built-in recipe" in missing.stderr
