@@ -3,6 +3,7 @@
 import json
 import logging
 
+import pytest
 from hydra import compose, initialize_config_dir
 
 from runner.app import CONF_DIR, main
@@ -11,6 +12,7 @@ from runner.training import ProgressReporter
 from tests.e2e.conftest import MNIST
 
 
+@pytest.mark.skipif(not MNIST.is_dir(), reason=f"the MNIST test split is not at {MNIST}")
 def test_main_returns_the_eval_accuracy_it_wrote(tmp_path):
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
