@@ -23,6 +23,7 @@ from runner.training import (
     TrainingProgress,
     build_optimizer,
     build_scheduler,
+    config_hash,
     every,
     total_optimizer_steps,
     write_metrics,
@@ -80,6 +81,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float:
     accelerator.init_trackers("", config=OmegaConf.to_container(cfg, resolve=True))
 
     trainer = cfg.trainer
+    config_sha256 = config_hash(cfg)
     reporter = ProgressReporter(accelerator, total=total_steps, initial=progress.step, enabled=trainer.progress_bar)
     throughput = Throughput()
     running_loss, micro_batches = torch.zeros((), device=accelerator.device), 0
@@ -95,7 +97,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float:
 
     def checkpoint() -> None:
         nonlocal last_checkpoint
-        accelerator.save_state()
+        accelerator.save_state(metadata={"step": progress.step, "config_sha256": config_sha256})
         last_checkpoint = progress.step
 
     model.train()

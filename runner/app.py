@@ -48,6 +48,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 def main(cfg: DictConfig) -> float | None:
     """Validate, resolve ``resume``, fix the run folder, and launch. Returns the sweep objective."""
+    from runner.engine.checkpoint import CheckpointError
     from runner.launch import WorkerFailed, launch
 
     try:
@@ -63,7 +64,7 @@ def main(cfg: DictConfig) -> float | None:
     except ConfigError as error:
         print(f"runner: error: {error}", file=sys.stderr)
         sys.exit(USAGE_ERROR)
-    except WorkerFailed as error:
+    except (WorkerFailed, CheckpointError) as error:  # a checkpoint that does not fit the model, say
         print(f"runner: error: {error}", file=sys.stderr)
         sys.exit(RUNTIME_ERROR)
 

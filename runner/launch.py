@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import uuid
 from typing import Any
 
@@ -80,6 +81,9 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
         rank, failure = error.get_first_failure()
         message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
         detail = message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}"
+        detail = re.sub(
+            r"^(?:\w+\.)+(\w+: )", r"\1", detail
+        )  # runner.engine.checkpoint.CheckpointError -> CheckpointError
         raise WorkerFailed(f"Worker rank {rank} failed: {detail}") from None
     finally:
         if set_threads:

@@ -26,7 +26,7 @@ def find_checkpoint(path: str) -> tuple[Path, Path]:
     Raises:
         ConfigError: The path is missing, not a checkpoint or run folder, or has no intact checkpoint.
     """
-    from runner.engine.checkpoint import checkpoint_number, committed_checkpoints, read_manifest
+    from runner.engine.checkpoint import checkpoint_number, committed_checkpoints
 
     folder = Path(path).expanduser().resolve()
     if not folder.is_dir():
@@ -34,7 +34,7 @@ def find_checkpoint(path: str) -> tuple[Path, Path]:
             f"resume={path} does not exist; pass a run folder or one of its checkpoints/checkpoint_N folders."
         )
     if checkpoint_number(folder) is not None:
-        _check_intact(folder, read_manifest, path)
+        _check_intact(folder, path)
         return folder.parent.parent, folder
     if not (folder / CHECKPOINTS).is_dir():
         raise ConfigError(
@@ -43,7 +43,7 @@ def find_checkpoint(path: str) -> tuple[Path, Path]:
         )
     for checkpoint in reversed(committed_checkpoints(folder / CHECKPOINTS)):
         try:
-            _check_intact(checkpoint, read_manifest, path)
+            _check_intact(checkpoint, path)
         except ConfigError as damaged:
             logger.warning("Skipping %s: %s", checkpoint.name, damaged)
             continue
@@ -51,10 +51,12 @@ def find_checkpoint(path: str) -> tuple[Path, Path]:
     raise ConfigError(f"resume={path} has no complete checkpoint in {folder / CHECKPOINTS}; start a new run instead.")
 
 
-def _check_intact(checkpoint: Path, read_manifest, path: str) -> None:
+def _check_intact(checkpoint: Path, path: str) -> None:
+    from runner.engine.checkpoint import CheckpointError, read_manifest
+
     try:
         read_manifest(checkpoint)
-    except (ValueError, FileNotFoundError) as error:
+    except CheckpointError as error:
         raise ConfigError(f"resume={path}: {error}") from None
     if not (checkpoint / CONFIG_FILE).is_file():
         raise ConfigError(

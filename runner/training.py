@@ -5,6 +5,7 @@ The training loop itself stays in the recipe; these helpers keep it short withou
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import logging
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 logger = logging.getLogger("runner")
 
@@ -117,6 +118,12 @@ class ProgressReporter:
 
 def _format(value: float) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """sha256 of the resolved config (keys sorted): the same config always hashes the same."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def write_metrics(path: str | os.PathLike, metrics: dict[str, Any]) -> None:

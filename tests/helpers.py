@@ -57,3 +57,77 @@ def assert_state_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], a
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=atol, rtol=0, msg=lambda m, key=key: f"{key}: {m}")
+
+
+def indexed_regression_data(n: int = 60, features: int = 8, seed: int = 0) -> TensorDataset:
+    """regression_data plus each sample's index, so a test can see which samples were used."""
+    x, y = regression_data(n, features, seed).tensors
+    return TensorDataset(x, y, torch.arange(n))
+
+
+def resumable_run(
+    project_dir,
+    *,
+    epochs: int = 3,
+    n: int = 60,
+    batch_size: int = 4,
+    accumulation: int = 1,
+    precision: str = "no",
+    stop_after: int | None = None,
+    resume: bool = False,
+) -> dict:
+    """A plain engine script that trains with shuffling and dropout, optionally stopping after
+    ``stop_after`` micro-steps (saving a checkpoint) or resuming from the newest checkpoint.
+
+    Returns what a comparison needs: the sample ids each micro-step used, the losses, and (when it
+    ran to the end) the final weights and optimizer state.
+    """
+    from runner.engine import Accelerator, GradScalerKwargs, ProjectConfiguration
+
+    accelerator = Accelerator(
+        gradient_accumulation_steps=accumulation,
+        mixed_precision=precision,
+        project_config=ProjectConfiguration(str(project_dir), automatic_checkpoint_naming=True),
+        kwargs_handlers=[GradScalerKwargs(init_scale=2.0**10, growth_interval=3)],
+    )
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Dropout(0.2), nn.Linear(16, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.9)
+    data = loader(indexed_regression_data(n), batch_size)
+    model, optimizer, data, scheduler = accelerator.prepare(model, optimizer, data, scheduler)
+    torch.manual_seed(1000 + accelerator.process_index)  # dropout streams differ per rank
+    if resume:
+        accelerator.load_state()
+    seen, losses, micro_steps = [], [], 0
+    while data.iteration < epochs:
+        for x, y, ids in data:
+            with accelerator.accumulate(model):
+                loss = nn.functional.mse_loss(model(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            seen.append(ids.tolist())
+            losses.append(loss.item())
+            micro_steps += 1
+            if micro_steps == stop_after:
+                accelerator.save_state()
+                return {"seen": seen, "losses": losses, "rank": accelerator.process_index}
+    return {
+        "seen": seen,
+        "losses": losses,
+        "rank": accelerator.process_index,
+        "weights": {k: v.clone() for k, v in accelerator.unwrap_model(model).state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "scale": accelerator.scaler.get_scale() if accelerator.scaler else None,
+    }
+
+
+def assert_same_optimizer_state(a: dict, b: dict) -> None:
+    assert a["param_groups"] == b["param_groups"]
+    assert a["state"].keys() == b["state"].keys()
+    for index, state in a["state"].items():
+        for key, value in state.items():
+            other = b["state"][index][key]
+            assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other, (index, key)

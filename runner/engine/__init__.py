@@ -7,7 +7,7 @@ its imports (``accelerate`` -> ``runner.engine``, ``accelerate.utils`` -> ``runn
 """
 
 from runner.engine.accelerator import Accelerator
-from runner.engine.checkpoint import ProjectConfiguration
+from runner.engine.checkpoint import CheckpointError, ProjectConfiguration
 from runner.engine.data import DataLoaderConfiguration
 from runner.engine.distributed import DistributedType
 from runner.engine.optimizer import AcceleratedOptimizer, AcceleratedScheduler, GradientAccumulationPlugin
@@ -21,6 +21,7 @@ __all__ = [
     "AcceleratedScheduler",
     "Accelerator",
     "AutocastKwargs",
+    "CheckpointError",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
     "DistributedType",

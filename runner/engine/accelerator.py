@@ -19,6 +19,8 @@ from torch.utils.hooks import RemovableHandle
 
 from runner.engine import ops
 from runner.engine.checkpoint import (
+    CheckpointError,
+    CheckpointNotFoundError,
     ProjectConfiguration,
     TrainingState,
     checkpoint_number,
@@ -523,30 +525,42 @@ class Accelerator:
         )
 
     def _engine_metadata(self) -> dict[str, Any]:
-        """Facts the manifest records so a run can continue exactly: accumulation and data position."""
+        """What the manifest records so a run continues exactly: steps, epoch, accumulation, data position."""
+        loaders = [loader.state_dict() for loader in self._dataloaders]
         return {
+            "step": self._optimizers[0].steps if self._optimizers else None,
+            "epoch": loaders[0]["epoch"] if loaders else None,
+            "optimizer_steps": [optimizer.steps for optimizer in self._optimizers],
             "accumulation_step": self.gradient_state.step,
-            "dataloaders": [loader.state_dict() for loader in self._dataloaders],
+            "accumulation_steps": self.gradient_state.num_steps,
+            "dataloaders": loaders,
         }
 
     def _restore_engine_metadata(self, manifest: dict[str, Any], checkpoint: Path) -> None:
         positions = manifest.get("dataloaders", [])
         if len(positions) != len(self._dataloaders):
-            raise ValueError(
+            raise CheckpointError(
                 f"{checkpoint} records {len(positions)} dataloader(s) but {len(self._dataloaders)} were prepared; "
                 "prepare the same dataloaders as the run that saved it."
             )
         for loader, position in zip(self._dataloaders, positions, strict=True):
             loader.load_state_dict(position)
+        for optimizer, steps in zip(self._optimizers, manifest.get("optimizer_steps", []), strict=False):
+            optimizer.steps = steps
         self.gradient_state.step = manifest.get("accumulation_step", 0)
 
-    def save_state(self, output_dir: str | os.PathLike | None = None) -> str:
+    def save_state(self, output_dir: str | os.PathLike | None = None, *, metadata: dict[str, Any] | None = None) -> str:
         """Save models, optimizers, schedulers, scaler, RNG states and registered objects.
 
         With ``automatic_checkpoint_naming`` the folder is ``project_dir/checkpoints/checkpoint_{i}``
         and ``i`` advances after each save (past any folder already there, with a warning: nothing
         is overwritten); ``total_limit`` then keeps the newest checkpoints. The folder appears only
         once complete. Every process must call this.
+
+        Args:
+            output_dir: The folder to write (ignored under automatic naming).
+            metadata: JSON-able facts to record in the manifest besides the engine's own (step,
+                epoch, data position, accumulation, world size, files with sizes and sha256).
 
         Returns:
             The checkpoint folder.
@@ -588,14 +602,17 @@ class Accelerator:
             for hook in self._save_state_pre_hooks.values():
                 hook(models, weights, str(staging))
 
+        state = self._training_state(models, weights)
+        # Between syncs each rank holds gradients it has not shared yet; they are part of the state.
+        state.save_gradients = self.gradient_state.step % self.gradient_state.num_steps != 0
         save_training_state(
             target,
-            self._training_state(models, weights),
+            state,
             rank=self.process_index,
             world_size=self.num_processes,
             barrier=self.wait_for_everyone,
             iteration=config.iteration if config.automatic_checkpoint_naming else None,
-            metadata=self._engine_metadata(),
+            metadata={**self._engine_metadata(), **(metadata or {})},
             before_write=run_hooks,
         )
         if config.automatic_checkpoint_naming:
@@ -616,18 +633,24 @@ class Accelerator:
                 raise ValueError("load_state() needs an input_dir unless automatic_checkpoint_naming is on.")
             found = committed_checkpoints(checkpoints_dir(self.project_dir))
             if not found:
-                raise FileNotFoundError(f"No complete checkpoint in {checkpoints_dir(self.project_dir)} to load.")
+                raise CheckpointNotFoundError(f"No complete checkpoint in {checkpoints_dir(self.project_dir)} to load.")
             input_dir = found[-1]
         checkpoint = Path(input_dir)
         models = [self.unwrap_model(model) for model in self._models]
         for hook in self._load_state_pre_hooks.values():
             hook(models, str(checkpoint))
-        manifest = load_training_state(checkpoint, self._training_state(models), rank=self.process_index)
+        manifest = load_training_state(
+            checkpoint,
+            self._training_state(models),
+            rank=self.process_index,
+            world_size=self.num_processes,
+            accumulation_steps=self.gradient_state.num_steps,
+        )
         self._restore_engine_metadata(manifest, checkpoint)
         if manifest["world_size"] != self.num_processes:
             warnings.warn(
-                f"{checkpoint} was saved by {manifest['world_size']} processes and is loaded by "
-                f"{self.num_processes}; random number streams are not restored on the ranks it lacks.",
+                f"{checkpoint.name} was saved by {manifest['world_size']} process(es) and is loaded by "
+                f"{self.num_processes}: the data continues exactly, random streams are re-derived per rank.",
                 stacklevel=2,
             )
         self._loaded_checkpoint = checkpoint

@@ -8,12 +8,14 @@ after the new one is committed, and never the one this run was loaded from.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from runner.engine.constants import (
     CHECKPOINT_PREFIX,
     CHECKPOINTS_DIR,
     CUSTOM_STATE_NAME,
+    GRADIENTS_NAME,
     INCOMPLETE_SUFFIX,
     MANIFEST_NAME,
     MODEL_NAME,
@@ -32,10 +35,20 @@ from runner.engine.constants import (
     SCALER_NAME,
     SCHEDULER_NAME,
 )
-from runner.engine.rng import get_rng_state, set_rng_state
+from runner.engine.rng import get_rng_state, set_rng_state, set_seed
 from runner.engine.serialization import load_safetensors, save_safetensors
 
-MANIFEST_FORMAT = 1
+MANIFEST_FORMAT = 2
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded: incomplete, damaged, or of other objects. One sentence."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The checkpoint folder does not exist."""
+
+
 _CHECKPOINT_RE = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
 
 
@@ -130,6 +143,8 @@ class TrainingState:
     custom_objects: Sequence[Any]
     # What to save of each model; save_state pre-hooks may edit it. Defaults to the models' state dicts.
     weights: Sequence[dict[str, torch.Tensor]] | None = None
+    # Saved (per rank) when the checkpoint falls in the middle of a gradient accumulation cycle.
+    save_gradients: bool = False
 
 
 def staging_dir(target: Path) -> Path:
@@ -167,6 +182,8 @@ def save_training_state(
     if rank == 0:
         _write_main_state(staging, state)
     _torch_save_atomically(get_rng_state(), staging / rng_state_name(rank))
+    if state.save_gradients:
+        save_safetensors(_gradients(state.models), staging / gradients_name(rank))
     barrier()  # every rank's files are on disk before the manifest lists them
     if rank == 0:
         _write_manifest(staging, world_size=world_size, iteration=iteration, metadata=metadata or {})
@@ -189,8 +206,38 @@ def _write_main_state(staging: Path, state: TrainingState) -> None:
         _torch_save_atomically(obj.state_dict(), staging / f"{CUSTOM_STATE_NAME}_{i}.pt")
 
 
+def gradients_name(rank: int) -> str:
+    return f"{GRADIENTS_NAME}_{rank}.safetensors"
+
+
+def _gradients(models: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
+    return {
+        f"{i}.{name}": parameter.grad.detach()
+        for i, model in enumerate(models)
+        for name, parameter in model.named_parameters()
+        if parameter.grad is not None
+    }
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)  # hashlib releases the GIL on large chunks: files hash in parallel
+    return digest.hexdigest()
+
+
+def _hash_files(paths: list[Path]) -> list[str]:
+    if len(paths) <= 1:
+        return [sha256_of(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(8, len(paths))) as pool:
+        return list(pool.map(sha256_of, paths))
+
+
 def _write_manifest(staging: Path, *, world_size: int, iteration: int | None, metadata: dict[str, Any]) -> None:
-    files = {p.name: {"bytes": p.stat().st_size} for p in sorted(staging.iterdir()) if p.is_file()}
+    paths = [p for p in sorted(staging.iterdir()) if p.is_file()]
+    digests = _hash_files(paths)
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": d} for p, d in zip(paths, digests, strict=True)}
     manifest = {
         "format": MANIFEST_FORMAT,
         "iteration": iteration,
@@ -234,48 +281,76 @@ def rotate_checkpoints(directory: Path, *, total_limit: int, protect: Path | Non
     return deleted
 
 
-def read_manifest(checkpoint: Path) -> dict[str, Any]:
-    """The checkpoint's manifest, after checking every file it lists is present and complete."""
+def read_manifest(checkpoint: Path, *, verify_checksums: bool = True) -> dict[str, Any]:
+    """The checkpoint's manifest, after checking every file it lists: present, complete, unchanged.
+
+    Raises:
+        CheckpointNotFoundError: The folder does not exist.
+        CheckpointError: One sentence naming the first file that is missing, truncated or altered.
+    """
     if not checkpoint.is_dir():
-        raise FileNotFoundError(f"Checkpoint folder {checkpoint} does not exist; check the path.")
+        raise CheckpointNotFoundError(f"Checkpoint folder {checkpoint} does not exist; check the path.")
     manifest_path = checkpoint / MANIFEST_NAME
     if not manifest_path.is_file():
-        raise ValueError(
+        raise CheckpointError(
             f"{checkpoint} is not a complete checkpoint (it has no {MANIFEST_NAME}); it was not fully "
             "written, so load a different checkpoint."
         )
     try:
         manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError):
-        raise ValueError(f"{manifest_path} is corrupted; load a different checkpoint.") from None
-    for name, entry in files.items():
+        files = {name: (int(entry["bytes"]), str(entry["sha256"])) for name, entry in manifest["files"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise CheckpointError(f"{manifest_path} is corrupted; load a different checkpoint.") from None
+    for name, (size, _) in files.items():
         path = checkpoint / name
         if not path.is_file():
-            raise ValueError(f"{path} is missing from the checkpoint; load a different checkpoint.")
-        if path.stat().st_size != entry["bytes"]:
-            raise ValueError(
-                f"{path} has {path.stat().st_size} bytes but the manifest says {entry['bytes']}; the file is "
+            raise CheckpointError(f"{path} is missing from the checkpoint; load a different checkpoint.")
+        if path.stat().st_size != size:
+            raise CheckpointError(
+                f"{path} has {path.stat().st_size} bytes but the manifest says {size}; the file is "
                 "truncated or was changed, so load a different checkpoint."
             )
+    if verify_checksums:
+        names = list(files)
+        for name, digest in zip(names, _hash_files([checkpoint / n for n in names]), strict=True):
+            if digest != files[name][1]:
+                raise CheckpointError(
+                    f"{checkpoint / name} does not match its sha256 in the manifest; the file is corrupted, so "
+                    "load a different checkpoint."
+                )
     return manifest
 
 
-def load_training_state(checkpoint: Path, state: TrainingState, *, rank: int) -> dict[str, Any]:
+def load_training_state(
+    checkpoint: Path, state: TrainingState, *, rank: int, world_size: int, accumulation_steps: int
+) -> dict[str, Any]:
     """Restore ``state`` in place from a committed checkpoint folder.
+
+    On the world size it was saved with, every rank gets its own RNG streams back. On another, the
+    streams are re-derived from the checkpoint (deterministically, one per rank), and a checkpoint
+    saved in the middle of a gradient accumulation cycle is refused: its pending gradients belong
+    to the ranks that computed them.
 
     Returns:
         The checkpoint's manifest.
 
     Raises:
-        ValueError: The folder is incomplete or damaged, or holds a different set of objects.
+        CheckpointError: The folder is incomplete or damaged, or holds a different set of objects.
     """
     manifest = read_manifest(checkpoint)
     files = manifest["files"]
+    saved_world = manifest["world_size"]
+    mid_cycle = manifest.get("accumulation_step", 0) % manifest.get("accumulation_steps", 1) != 0
+    if mid_cycle and (saved_world != world_size or manifest.get("accumulation_steps") != accumulation_steps):
+        raise CheckpointError(
+            f"{checkpoint} was saved in the middle of a gradient accumulation cycle by {saved_world} process(es) "
+            f"with gradient_accumulation_steps={manifest.get('accumulation_steps')}; resume it with the same "
+            "settings, or save at a cycle boundary to change them."
+        )
     expected = [indexed_name(MODEL_NAME, i, ".safetensors") for i in range(len(state.models))]
     saved_models = sorted(name for name in files if name.startswith(MODEL_NAME) and name.endswith(".safetensors"))
     if sorted(expected) != saved_models:
-        raise ValueError(
+        raise CheckpointError(
             f"{checkpoint} holds {len(saved_models)} model(s) but {len(state.models)} were prepared; prepare "
             "the same models as the run that saved it."
         )
@@ -288,12 +363,29 @@ def load_training_state(checkpoint: Path, state: TrainingState, *, rank: int) ->
     for i, obj in enumerate(state.custom_objects):
         name = f"{CUSTOM_STATE_NAME}_{i}.pt"
         if name not in files:
-            raise ValueError(f"{checkpoint} has no {name} for registered object {i}; register the same objects.")
+            raise CheckpointError(f"{checkpoint} has no {name} for registered object {i}; register the same objects.")
         obj.load_state_dict(_torch_load(checkpoint / name))
-    rng_file = rng_state_name(rank)
-    if rng_file in files:
-        set_rng_state(_torch_load(checkpoint / rng_file))
+    if saved_world == world_size:
+        set_rng_state(_torch_load(checkpoint / rng_state_name(rank)))
+    else:
+        derive_rng_state(_torch_load(checkpoint / rng_state_name(0)), rank)
+    if mid_cycle:
+        _load_gradients(checkpoint / gradients_name(rank), state.models)
     return manifest
+
+
+def derive_rng_state(saved: dict[str, Any], rank: int) -> None:
+    """Seed every generator of this rank from a saved state and the rank: reproducible, distinct per rank."""
+    digest = hashlib.sha256(saved["torch"].numpy().tobytes() + rank.to_bytes(4, "little")).digest()
+    set_seed(int.from_bytes(digest[:8], "little") % 2**63)
+
+
+def _load_gradients(path: Path, models: Sequence[torch.nn.Module]) -> None:
+    gradients = load_safetensors(path)
+    for i, model in enumerate(models):
+        for name, parameter in model.named_parameters():
+            saved = gradients.get(f"{i}.{name}")
+            parameter.grad = None if saved is None else saved.to(parameter.device, parameter.dtype)
 
 
 def _load_model(path: Path, model: torch.nn.Module) -> None:
@@ -302,11 +394,11 @@ def _load_model(path: Path, model: torch.nn.Module) -> None:
         result = model.load_state_dict(state_dict, strict=False)
     except RuntimeError as error:  # shape mismatches raise even when not strict
         detail = str(error).strip().splitlines()[-1].strip()
-        raise ValueError(
+        raise CheckpointError(
             f"{path} does not fit the prepared model ({detail}); load a checkpoint of the same model."
         ) from None
     if result.missing_keys or result.unexpected_keys:
-        raise ValueError(
+        raise CheckpointError(
             f"{path} does not fit the prepared model (missing keys: {result.missing_keys[:5]}, unexpected "
             f"keys: {result.unexpected_keys[:5]}); load a checkpoint of the same model."
         )
@@ -316,5 +408,5 @@ def _load_each(checkpoint: Path, objects: Sequence[Any], stem: str, suffix: str,
     for i, obj in enumerate(objects):
         name = indexed_name(stem, i, suffix)
         if name not in files:
-            raise ValueError(f"{checkpoint} has no {name}; prepare the same objects as the run that saved it.")
+            raise CheckpointError(f"{checkpoint} has no {name}; prepare the same objects as the run that saved it.")
         obj.load_state_dict(_torch_load(checkpoint / name))

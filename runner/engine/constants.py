@@ -13,6 +13,7 @@ OPTIMIZER_NAME = "optimizer"
 SCHEDULER_NAME = "scheduler"
 SCALER_NAME = "scaler.pt"
 RNG_STATE_NAME = "random_states"
+GRADIENTS_NAME = "gradients"  # gradients_{rank}.safetensors, only mid accumulation cycle
 CUSTOM_STATE_NAME = "custom_checkpoint"
 MANIFEST_NAME = "manifest.json"
 

@@ -13,6 +13,7 @@ slices concatenate back into the padded global batch in rank order.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -106,35 +107,35 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self.process_index = process_index
         self.even_batches = even_batches
         self.global_batch_size = self.per_process * num_processes
-        self.skip_batches = 0  # applies to the next pass only
+        self.skip_samples = 0  # applies to the next pass only
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
 
-    @property
-    def remainder(self) -> int:
-        """Real samples in the padded last global batch, or -1 when no batch is padded."""
-        short = len(self.sampler) % self.global_batch_size
+    def remainder_after(self, skipped: int) -> int:
+        """Real samples in the padded last global batch of a pass that skips ``skipped`` samples, or -1."""
+        short = (len(self.sampler) - skipped) % self.global_batch_size
         padded = short and not self.drop_last and self.even_batches and short % self.num_processes
         return short if padded else -1
 
-    def __iter__(self) -> Iterator[list[int]]:
-        skip, self.skip_batches = self.skip_batches, 0
-        for number, batch in enumerate(self._batches()):
-            if number >= skip:  # skipped batches cost index arithmetic only, never a sample load
-                yield batch
+    @property
+    def remainder(self) -> int:
+        return self.remainder_after(0)
 
-    def _batches(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[int]]:
+        skip, self.skip_samples = self.skip_samples, 0
         rank, size = self.process_index, self.per_process
-        head: list[int] = []  # the epoch's first indices, used as padding
+        indices = iter(self.sampler)
+        # The epoch's first global batch pads its short last one, also in a pass that resumes mid-epoch,
+        # so an interrupted epoch sees exactly the samples of an uninterrupted one.
+        head = list(itertools.islice(indices, self.global_batch_size))
         batch: list[int] = []
-        for index in self.sampler:
+        # Skipped samples cost index arithmetic only, never a sample load.
+        for index in itertools.islice(itertools.chain(head, indices), skip, None):
             batch.append(index)
             if len(batch) == self.global_batch_size:
                 yield batch[rank * size : (rank + 1) * size]
-                if not head:
-                    head = batch
                 batch = []
         if batch and not self.drop_last:
             yield from self._last_batch(batch, head)
@@ -145,7 +146,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
             return
         size = math.ceil(len(batch) / self.num_processes)
         if self.even_batches:
-            filler = head + batch
+            filler = head + batch if len(head) == self.global_batch_size else batch
             batch = batch + [filler[i % len(filler)] for i in range(size * self.num_processes - len(batch))]
         mine = batch[self.process_index * size : (self.process_index + 1) * size]
         if mine:
@@ -185,9 +186,11 @@ class PreparedDataLoader(DataLoader):
         self.non_blocking = non_blocking
         self.iteration = 0
         self.end_of_dataloader = False
-        self.remainder = getattr(self.batch_sampler, "remainder", -1)
+        self.remainder = self.batch_sampler.remainder
+        self._skip_on_next_pass = 0  # samples
+        self._skipped_this_pass = 0
         self._batches_yielded = 0
-        self._skip_on_next_pass = 0
+        self._yielded_last = False
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose shuffle order the next pass uses."""
@@ -195,19 +198,34 @@ class PreparedDataLoader(DataLoader):
 
     def skip_first_batches(self, num_batches: int) -> None:
         """Make the next pass start after its first ``num_batches`` batches."""
-        self._skip_on_next_pass = num_batches
+        self._skip_on_next_pass = num_batches * self.total_batch_size
+
+    @property
+    def samples_seen(self) -> int:
+        """Samples of the current epoch handed out so far, on all ranks together."""
+        return self._skipped_this_pass + self._batches_yielded * self.total_batch_size
 
     def state_dict(self) -> dict[str, int]:
-        """The position in the data: the epoch and how many of its batches were handed out."""
-        epoch, batches = self.iteration, self._batches_yielded
-        if batches and batches >= len(self):  # the pass is complete, only its generator has not returned yet
-            epoch, batches = epoch + 1, 0
-        return {"epoch": epoch, "batches_yielded": batches, "global_batch_size": self.total_batch_size}
+        """The position in the data: the epoch, the samples of it handed out, and its shuffle seed.
+
+        Positions count samples, not batches, so a run can continue on another number of processes.
+        """
+        if self._yielded_last:  # the pass is complete; only its generator has not returned yet
+            state = {"epoch": self.iteration + 1, "samples_seen": 0}
+        else:
+            state = {"epoch": self.iteration, "samples_seen": self.samples_seen}
+        sampler = self.batch_sampler.sampler
+        if isinstance(sampler, SeedableRandomSampler):
+            state["seed"] = sampler.seed
+        return state
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from a :meth:`state_dict` position on the next pass."""
         self.iteration = state["epoch"]
-        self._skip_on_next_pass = state["batches_yielded"]
+        self._skip_on_next_pass = state["samples_seen"]
+        sampler = self.batch_sampler.sampler
+        if "seed" in state and isinstance(sampler, SeedableRandomSampler):
+            sampler.seed = state["seed"]
 
     @property
     def total_batch_size(self) -> int:
@@ -228,9 +246,11 @@ class PreparedDataLoader(DataLoader):
             self.on_epoch_start()
         if hasattr(self.batch_sampler, "set_epoch"):
             self.batch_sampler.set_epoch(self.iteration)
-        self.batch_sampler.skip_batches = self._batches_yielded = self._skip_on_next_pass
-        self._skip_on_next_pass = 0
-        self.end_of_dataloader = False
+        skip, self._skip_on_next_pass = self._skip_on_next_pass, 0
+        self.batch_sampler.skip_samples = self._skipped_this_pass = skip
+        self.remainder = self.batch_sampler.remainder_after(skip)
+        self._batches_yielded = 0
+        self._yielded_last = self.end_of_dataloader = False
         self.gradient_state.activate(self)
         try:
             batches = super().__iter__()
@@ -242,9 +262,11 @@ class PreparedDataLoader(DataLoader):
             self.end_of_dataloader = True
             if current is not _EXHAUSTED:
                 self._batches_yielded += 1
+                self._yielded_last = True
                 yield self._to_device(current)
             self.iteration += 1
-            self._batches_yielded = 0
+            self._skipped_this_pass = self._batches_yielded = 0
+            self._yielded_last = False
         finally:
             self.gradient_state.deactivate(self)
 

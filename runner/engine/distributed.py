@@ -8,6 +8,7 @@ process group itself.
 
 from __future__ import annotations
 
+import atexit
 import enum
 import os
 from dataclasses import dataclass
@@ -134,3 +135,11 @@ def init_process_group(env: DistributedEnvironment, *, timeout: timedelta | None
         # "guessing device" warning and its barrier on the wrong GPU.
         kwargs["device_id"] = env.device
     dist.init_process_group(**kwargs)
+    # Tear the group down before the interpreter does: left to static destructors, gloo's threads
+    # can outlive the group and abort the process ("terminate called without an active exception").
+    atexit.register(_destroy_process_group)
+
+
+def _destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

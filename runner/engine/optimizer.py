@@ -88,6 +88,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.gradient_state = gradient_state
         self.scaler = scaler
         self.unscaled = False
+        self.steps = 0  # optimizer steps taken or skipped by the scaler: one per syncing step() call
         self._step_was_skipped = False
         self._inner_step_called = False
         if scaler is not None:
@@ -146,6 +147,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None) -> None:
         if not self.gradient_state.sync_gradients:
             return
+        self.steps += 1
         if self.scaler is None:
             self.optimizer.step(closure) if closure is not None else self.optimizer.step()
             self._step_was_skipped = False

@@ -6,6 +6,8 @@ import re
 import torch
 from safetensors.torch import load_file
 
+from runner.engine import load_checkpoint_in_model
+from runner.models import MnistCNN
 from tests.e2e.conftest import metrics, mnist_args, run_cli
 
 
@@ -31,6 +33,12 @@ def test_default_experiment_on_one_process(tmp_path):
     assert {"train/lr", "train/samples_per_second"} <= set(logged)
     assert "step 20/20" in (run / "run.log").read_text()
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint_0"]
+    manifest = json.loads((run / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())
+    assert (manifest["step"], manifest["epoch"], len(manifest["config_sha256"])) == (20, 0, 64)
+    fresh = MnistCNN()
+    load_checkpoint_in_model(fresh, run / "model", strict=True)  # the final model, into a plain model
+    saved = load_file(run / "model" / "model.safetensors")
+    assert all(torch.equal(fresh.state_dict()[k], saved[k]) for k in saved)
 
 
 def test_mnist_ddp_with_fp16_learns(tmp_path):
@@ -166,3 +174,31 @@ def test_recipe_can_be_a_users_own_module(tmp_path):
     assert json.loads((run / "mine.json").read_text()) == {"seed": 7, "world": 1}
     missing = run_cli("recipe=not_a_module", cwd=tmp_path)
     assert missing.returncode == 2 and "recipe='not_a_module' is neither a built-in recipe" in missing.stderr
+
+
+def test_damaged_checkpoints_and_other_models_get_one_sentence(tmp_path):
+    run = tmp_path / "run"
+    common = [*mnist_args("test[:512]", "test[9800:]"), "trainer.checkpoint_every_n_steps=2"]
+    assert run_cli(*common, "trainer.max_steps=4", f"hydra.run.dir={run}", cwd=tmp_path).returncode == 0
+    newest = run / "checkpoints" / "checkpoint_1"
+    weights = newest / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one flipped bit
+    weights.write_bytes(bytes(data))
+
+    refused = run_cli(f"resume={newest}", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+    assert "model.safetensors does not match its sha256 in the manifest" in refused.stderr
+
+    fallback = run_cli(f"resume={run}", "trainer.max_steps=6", cwd=tmp_path)
+    assert fallback.returncode == 0, fallback.stderr[-3000:]
+    log = (run / "run.log").read_text()
+    assert "Skipping checkpoint_1" in fallback.stdout + fallback.stderr
+    assert "Resumed at step 2" in log and metrics(run)["step"] == 6
+
+    other = run_cli(f"resume={run}", "model.hidden=64", "trainer.max_steps=8", cwd=tmp_path)
+    assert other.returncode == 1 and "Traceback" not in other.stderr
+    assert re.search(
+        r"runner: error: .*model.safetensors does not fit the prepared model \(size mismatch", other.stderr
+    )

@@ -1,53 +1,46 @@
-"""Stopping mid-epoch and resuming from save_state continues the same data order exactly."""
+"""Interrupted and resumed == uninterrupted, bit for bit: the engine from a plain script, one process."""
 
 import json
 
 import pytest
 import torch
-from torch import nn
 
-from runner.engine import Accelerator, ProjectConfiguration
-from tests.helpers import loader, regression_data, small_model
+from runner.engine import Accelerator
+from tests.helpers import assert_same_optimizer_state, resumable_run
 
-EPOCHS = 3
-
-
-def run(project_dir, *, accumulation=1, stop_after=None, resume=False):
-    accelerator = Accelerator(
-        gradient_accumulation_steps=accumulation,
-        project_config=ProjectConfiguration(project_dir, automatic_checkpoint_naming=True),
-    )
-    model = small_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    model, optimizer, data = accelerator.prepare(model, optimizer, loader(regression_data(60), 4))
-    if resume:
-        accelerator.load_state()
-    seen, micro_steps = [], 0
-    while data.iteration < EPOCHS:
-        for x, y in data:
-            with accelerator.accumulate(model):
-                accelerator.backward(nn.functional.mse_loss(model(x), y))
-                optimizer.step()
-                optimizer.zero_grad()
-            seen.append(x[:, 0].tolist())
-            micro_steps += 1
-            if micro_steps == stop_after:
-                accelerator.save_state()
-                return seen, None
-    return seen, {k: v.clone() for k, v in model.state_dict().items()}
+# 60 samples, batch 4: 15 micro-steps an epoch. Stops mid-epoch, at an epoch's end, mid accumulation cycle.
+CASES = [(1, "no", 5), (1, "no", 15), (1, "no", 22), (3, "no", 7), (3, "no", 21), (3, "fp16", 11), (1, "fp16", 8)]
 
 
-@pytest.mark.parametrize(("accumulation", "stop_after"), [(1, 5), (1, 15), (1, 22), (3, 6), (3, 21)])
-def test_resume_mid_epoch_continues_the_same_data_and_weights(tmp_path, accumulation, stop_after):
-    full_seen, full_weights = run(tmp_path / "full", accumulation=accumulation)
-    first, _ = run(tmp_path / "cut", accumulation=accumulation, stop_after=stop_after)
-    rest, weights = run(tmp_path / "cut", accumulation=accumulation, resume=True)
-    assert first + rest == full_seen  # 15 batches an epoch: 5 and 22 stop mid-epoch, 15 at its end
-    for key, value in full_weights.items():
-        assert torch.equal(value, weights[key]), key
+@pytest.mark.parametrize(("accumulation", "precision", "stop_after"), CASES)
+def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, accumulation, precision, stop_after):
+    settings = {"accumulation": accumulation, "precision": precision}
+    full = resumable_run(tmp_path / "full", **settings)
+    first = resumable_run(tmp_path / "cut", stop_after=stop_after, **settings)
+    rest = resumable_run(tmp_path / "cut", resume=True, **settings)
+
+    assert first["seen"] + rest["seen"] == full["seen"]  # the same samples in the same order
+    assert first["losses"] + rest["losses"] == full["losses"]  # the same numbers, exactly
+    for key, value in full["weights"].items():
+        assert torch.equal(value, rest["weights"][key]), key
+    assert_same_optimizer_state(full["optimizer"], rest["optimizer"])
+    assert full["scale"] == rest["scale"]
+
     manifest = json.loads((tmp_path / "cut" / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())
-    epoch, batches = divmod(stop_after, 15)
-    assert manifest["dataloaders"] == [{"epoch": epoch, "batches_yielded": batches, "global_batch_size": 4}]
+    epoch, in_epoch = divmod(stop_after, 15)
+    assert manifest["dataloaders"][0] == {"epoch": epoch, "samples_seen": 4 * in_epoch, "seed": 1234}
+    assert manifest["accumulation_step"] == in_epoch  # micro-steps since the epoch began
+    mid_cycle = in_epoch % accumulation != 0
+    assert ("gradients_0.safetensors" in manifest["files"]) == mid_cycle
+    assert all(len(entry["sha256"]) == 64 for entry in manifest["files"].values())
+    if precision == "no" and accumulation == 1:
+        assert manifest["step"] == stop_after and manifest["epoch"] == epoch
+
+
+def test_mid_cycle_checkpoint_refuses_other_accumulation_settings(tmp_path):
+    resumable_run(tmp_path, accumulation=3, stop_after=7)
+    with pytest.raises(ValueError, match=r"saved in the middle of a gradient accumulation cycle by 1 process\(es\)"):
+        resumable_run(tmp_path, accumulation=2, resume=True)
 
 
 def test_skip_first_batches_skips_without_loading():
