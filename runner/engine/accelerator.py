@@ -621,12 +621,13 @@ class Accelerator:
                 rotate_checkpoints(target.parent, total_limit=config.total_limit, protect=self._loaded_checkpoint)
         return str(target)
 
-    def load_state(self, input_dir: str | os.PathLike | None = None) -> None:
+    def load_state(self, input_dir: str | os.PathLike | None = None, *, verify_checksums: bool = True) -> None:
         """Restore what :meth:`save_state` saved; every process must call this after ``prepare``.
 
         Without ``input_dir`` (and with automatic naming) the newest committed checkpoint of
         ``project_dir`` is loaded. After loading ``checkpoint_K`` the next automatic save is
-        ``checkpoint_{K+1}``.
+        ``checkpoint_{K+1}``. Every file is checked against the manifest first: its size, and with
+        ``verify_checksums`` (the default) its sha256, which costs one extra read of the checkpoint.
         """
         if input_dir is None:
             if not (self.project_configuration.automatic_checkpoint_naming and self.project_dir):
@@ -645,6 +646,7 @@ class Accelerator:
             rank=self.process_index,
             world_size=self.num_processes,
             accumulation_steps=self.gradient_state.num_steps,
+            verify_checksums=verify_checksums,
         )
         self._restore_engine_metadata(manifest, checkpoint)
         if manifest["world_size"] != self.num_processes:

@@ -322,7 +322,13 @@ def read_manifest(checkpoint: Path, *, verify_checksums: bool = True) -> dict[st
 
 
 def load_training_state(
-    checkpoint: Path, state: TrainingState, *, rank: int, world_size: int, accumulation_steps: int
+    checkpoint: Path,
+    state: TrainingState,
+    *,
+    rank: int,
+    world_size: int,
+    accumulation_steps: int,
+    verify_checksums: bool = True,
 ) -> dict[str, Any]:
     """Restore ``state`` in place from a committed checkpoint folder.
 
@@ -337,7 +343,7 @@ def load_training_state(
     Raises:
         CheckpointError: The folder is incomplete or damaged, or holds a different set of objects.
     """
-    manifest = read_manifest(checkpoint)
+    manifest = read_manifest(checkpoint, verify_checksums=verify_checksums)
     files = manifest["files"]
     saved_world = manifest["world_size"]
     mid_cycle = manifest.get("accumulation_step", 0) % manifest.get("accumulation_steps", 1) != 0

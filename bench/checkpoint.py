@@ -1,0 +1,123 @@
+"""save_state/load_state of a ~100M-parameter model vs safetensors' save_file/load_file, and the floor.
+
+    python bench/checkpoint.py            # ~100M parameters (400 MB in fp32), 5 rounds
+    python bench/checkpoint.py --quick    # ~4M parameters, 2 rounds (what CI runs)
+
+Each round runs the three contenders back to back in the same process (A B C A B C ...), so
+machine noise hits all of them alike; the report gives medians and ratios to safetensors.
+- save_state/load_state: the engine, as a training script calls it (model only, so that the same
+  tensors are written), including the manifest with every file's sha256 and its verification on load.
+- safetensors: save_file(model.state_dict()) / load_file() + load_state_dict(), the same tensors.
+- memory copy: cloning the tensors in memory, the floor no file format can beat.
+- sha256: reading the weights file back and hashing it, the price of the manifest's checksums.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from runner.engine import Accelerator  # noqa: E402
+from runner.engine.checkpoint import sha256_of  # noqa: E402
+
+
+def build_model(width: int, depth: int) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(width, width) for _ in range(depth)])
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def contenders(accelerator, model, state_dir: Path, file: Path, copies: dict) -> dict:
+    """One round's operations, in the order they run (each load reads what its save wrote)."""
+    return {
+        "save_state": lambda: accelerator.save_state(state_dir),
+        "save_file": lambda: save_file(model.state_dict(), str(file)),
+        "copy_save": lambda: copies.update({k: v.clone() for k, v in model.state_dict().items()}),
+        "sha256": lambda: sha256_of(state_dir / "model.safetensors"),
+        "load_state": lambda: accelerator.load_state(state_dir),
+        "load_unverified": lambda: accelerator.load_state(state_dir, verify_checksums=False),
+        "load_file": lambda: model.load_state_dict(load_file(str(file))),
+        "copy_load": lambda: model.load_state_dict(copies),
+    }
+
+
+def run(width: int, depth: int, rounds: int) -> dict:
+    model = build_model(width, depth)
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(model)
+    params = sum(p.numel() for p in model.parameters())
+    nbytes = sum(p.numel() * p.element_size() for p in model.state_dict().values())
+    names = (
+        "save_state",
+        "save_file",
+        "copy_save",
+        "sha256",
+        "load_state",
+        "load_unverified",
+        "load_file",
+        "copy_load",
+    )
+    times: dict[str, list[float]] = {name: [] for name in names}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for r in range(rounds):
+            state_dir, file, copies = tmp / f"state_{r}", tmp / f"weights_{r}.safetensors", {}
+            for name, contender in contenders(accelerator, model, state_dir, file, copies).items():
+                os.sync()  # every write starts from the same clean page cache, not another's writeback
+                times[name].append(timed(contender))
+            shutil.rmtree(state_dir)
+            file.unlink()
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "parameters": params,
+        "megabytes": nbytes / 1e6,
+        "rounds": rounds,
+        "median_seconds": medians,
+        "MB_per_s": {k: nbytes / 1e6 / v for k, v in medians.items()},
+        "save_ratio_vs_safetensors": medians["save_state"] / medians["save_file"],
+        "load_ratio_vs_safetensors": medians["load_state"] / medians["load_file"],
+        "load_unverified_ratio_vs_safetensors": medians["load_unverified"] / medians["load_file"],
+        "save_without_hash_ratio_vs_safetensors": (medians["save_state"] - medians["sha256"]) / medians["save_file"],
+        "save_ratio_vs_copy": medians["save_state"] / medians["copy_save"],
+        "load_ratio_vs_copy": medians["load_state"] / medians["copy_load"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small model and two rounds")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    result = run(width=512, depth=16, rounds=2) if args.quick else run(width=2048, depth=24, rounds=5)
+    print(f"{result['parameters'] / 1e6:.1f}M parameters, {result['megabytes']:.0f} MB, {result['rounds']} rounds")
+    for key, seconds in result["median_seconds"].items():
+        print(f"  {key:<16} {seconds * 1e3:9.1f} ms  {result['MB_per_s'][key]:9.0f} MB/s")
+    print(f"  save_state / save_file = {result['save_ratio_vs_safetensors']:.2f}x (target <= 1.15x)")
+    print(f"  load_state / load_file = {result['load_ratio_vs_safetensors']:.2f}x (target <= 1.15x)")
+    print(f"  load_state(verify_checksums=False) / load_file = {result['load_unverified_ratio_vs_safetensors']:.2f}x")
+    print(f"  (save_state - sha256) / save_file = {result['save_without_hash_ratio_vs_safetensors']:.2f}x")
+    print(f"  sha256 / save_file = {result['median_seconds']['sha256'] / result['median_seconds']['save_file']:.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
