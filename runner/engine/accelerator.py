@@ -19,19 +19,20 @@ from torch.utils.hooks import RemovableHandle
 
 from runner.engine import ops
 from runner.engine.checkpoint import (
-    CheckpointError,
     CheckpointNotFoundError,
     ProjectConfiguration,
     TrainingState,
     checkpoint_number,
     checkpoints_dir,
     committed_checkpoints,
+    engine_metadata,
+    is_stateful,
     load_training_state,
-    newest_checkpoint_number,
+    next_automatic_checkpoint,
+    restore_engine_metadata,
     rotate_checkpoints,
     save_training_state,
 )
-from runner.engine.constants import CHECKPOINT_PREFIX
 from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader, prepare_data_loader
 from runner.engine.distributed import DistributedType, init_process_group, read_environment
 from runner.engine.optimizer import (
@@ -45,7 +46,6 @@ from runner.engine.precision import (
     AutocastKwargs,
     GradScalerKwargs,
     Precision,
-    PrecisionType,
     parse_mixed_precision,
     remove_autocast,
 )
@@ -272,13 +272,6 @@ class Accelerator:
         """
         if device_placement if device_placement is not None else self.device_placement:
             model.to(self.device)
-        if self._precision.mode is PrecisionType.FP16:
-            half = [name for name, p in model.named_parameters() if p.requires_grad and p.dtype == torch.float16]
-            if half:
-                raise ValueError(
-                    f"mixed_precision='fp16' keeps fp32 master weights, but parameter {half[0]!r} is already "
-                    "fp16; build the model in fp32 (autocast runs it in fp16)."
-                )
         self._precision.apply(model)
         if not evaluation_mode:
             model = self._strategy.wrap_model(model)
@@ -399,7 +392,7 @@ class Accelerator:
         sample of the dataset. Non-tensor data (or ``use_gather_object=True``) is gathered as a
         list of picklable objects.
         """
-        is_tensors = _only_tensors(input_data)
+        is_tensors = ops.is_tensor_nest(input_data)
         data = ops.gather(input_data) if is_tensors and not use_gather_object else ops.gather_object(input_data)
         remainder = self.gradient_state.remainder
         if self.gradient_state.end_of_dataloader and remainder > 0:
@@ -476,7 +469,7 @@ class Accelerator:
     # ------------------------------------------------------------------------------------ checkpoints
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore ``objects`` (each with ``state_dict``/``load_state_dict``) with the state."""
-        invalid = [type(obj).__name__ for obj in objects if not _is_stateful(obj)]
+        invalid = [type(obj).__name__ for obj in objects if not is_stateful(obj)]
         if invalid:
             raise ValueError(
                 f"register_for_checkpointing needs objects with state_dict and load_state_dict; got {invalid}."
@@ -524,31 +517,6 @@ class Accelerator:
             weights=weights,
         )
 
-    def _engine_metadata(self) -> dict[str, Any]:
-        """What the manifest records so a run continues exactly: steps, epoch, accumulation, data position."""
-        loaders = [loader.state_dict() for loader in self._dataloaders]
-        return {
-            "step": self._optimizers[0].steps if self._optimizers else None,
-            "epoch": loaders[0]["epoch"] if loaders else None,
-            "optimizer_steps": [optimizer.steps for optimizer in self._optimizers],
-            "accumulation_step": self.gradient_state.step,
-            "accumulation_steps": self.gradient_state.num_steps,
-            "dataloaders": loaders,
-        }
-
-    def _restore_engine_metadata(self, manifest: dict[str, Any], checkpoint: Path) -> None:
-        positions = manifest.get("dataloaders", [])
-        if len(positions) != len(self._dataloaders):
-            raise CheckpointError(
-                f"{checkpoint} records {len(positions)} dataloader(s) but {len(self._dataloaders)} were prepared; "
-                "prepare the same dataloaders as the run that saved it."
-            )
-        for loader, position in zip(self._dataloaders, positions, strict=True):
-            loader.load_state_dict(position)
-        for optimizer, steps in zip(self._optimizers, manifest.get("optimizer_steps", []), strict=False):
-            optimizer.steps = steps
-        self.gradient_state.step = manifest.get("accumulation_step", 0)
-
     def save_state(self, output_dir: str | os.PathLike | None = None, *, metadata: dict[str, Any] | None = None) -> str:
         """Save models, optimizers, schedulers, scaler, RNG states and registered objects.
 
@@ -572,23 +540,11 @@ class Accelerator:
         if config.automatic_checkpoint_naming:
             if output_dir is not None:
                 warnings.warn("save_state(output_dir) is ignored under automatic_checkpoint_naming.", stacklevel=2)
-            if self.project_dir is None:
-                raise ValueError(
-                    "automatic_checkpoint_naming needs a project_dir; pass project_dir= to the Accelerator."
-                )
-            directory = checkpoints_dir(self.project_dir)
-            newest = newest_checkpoint_number(directory)
-            if newest is not None and config.iteration <= newest:
-                # Never overwrite, and never fail a save (that would lose the training since the last
-                # one): continue the numbering after the newest folder instead.
-                taken, free = f"{CHECKPOINT_PREFIX}{config.iteration}", f"{CHECKPOINT_PREFIX}{newest + 1}"
-                warnings.warn(
-                    f"{directory / taken} is taken (the newest is {CHECKPOINT_PREFIX}{newest}); saving as {free} "
-                    "so nothing is overwritten.",
-                    stacklevel=2,
-                )
-                config.iteration = newest + 1
-            target = directory / f"{CHECKPOINT_PREFIX}{config.iteration}"
+            # Rank 0 picks the number and everyone writes there: the ranks can never disagree on it.
+            target = Path(
+                ops.broadcast_object_list([next_automatic_checkpoint(config) if self.is_main_process else None])[0]
+            )
+            config.iteration = checkpoint_number(target)
         elif output_dir is None:
             raise ValueError(
                 "save_state() needs an output_dir unless ProjectConfiguration(automatic_checkpoint_naming=True)."
@@ -612,7 +568,7 @@ class Accelerator:
             world_size=self.num_processes,
             barrier=self.wait_for_everyone,
             iteration=config.iteration if config.automatic_checkpoint_naming else None,
-            metadata={**self._engine_metadata(), **(metadata or {})},
+            metadata={**engine_metadata(self._dataloaders, self._optimizers, self.gradient_state), **(metadata or {})},
             before_write=run_hooks,
         )
         if config.automatic_checkpoint_naming:
@@ -648,7 +604,7 @@ class Accelerator:
             accumulation_steps=self.gradient_state.num_steps,
             verify_checksums=verify_checksums,
         )
-        self._restore_engine_metadata(manifest, checkpoint)
+        restore_engine_metadata(manifest, checkpoint, self._dataloaders, self._optimizers, self.gradient_state)
         if manifest["world_size"] != self.num_processes:
             warnings.warn(
                 f"{checkpoint.name} was saved by {manifest['world_size']} process(es) and is loaded by "
@@ -710,17 +666,3 @@ class Accelerator:
             f"Accelerator(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
             f"process_index={self.process_index}, device={self.device}, mixed_precision={self.mixed_precision})"
         )
-
-
-def _only_tensors(data: Any) -> bool:
-    if isinstance(data, torch.Tensor):
-        return True
-    if isinstance(data, (list, tuple)):
-        return all(_only_tensors(item) for item in data)
-    if isinstance(data, dict):
-        return all(_only_tensors(item) for item in data.values())
-    return False
-
-
-def _is_stateful(obj: Any) -> bool:
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -107,6 +108,33 @@ def newest_checkpoint_number(checkpoints_dir: str | os.PathLike) -> int | None:
     directory = Path(checkpoints_dir)
     numbers = [checkpoint_number(p) for p in directory.iterdir()] if directory.is_dir() else []
     return max((n for n in numbers if n is not None), default=None)
+
+
+def next_automatic_checkpoint(config: ProjectConfiguration) -> Path:
+    """``project_dir/checkpoints/checkpoint_{iteration}``, or past the newest folder if that one is taken.
+
+    A taken number is never overwritten, and the save never fails over it (that would lose the
+    training since the last checkpoint): the numbering continues after the newest folder, with a
+    warning.
+    """
+    if config.project_dir is None:
+        raise ValueError("automatic_checkpoint_naming needs a project_dir; pass project_dir= to the Accelerator.")
+    directory = checkpoints_dir(config.project_dir)
+    number = config.iteration
+    newest = newest_checkpoint_number(directory)
+    if newest is not None and number <= newest:
+        warnings.warn(
+            f"{directory / f'{CHECKPOINT_PREFIX}{number}'} is taken (the newest is {CHECKPOINT_PREFIX}{newest}); "
+            f"saving as {CHECKPOINT_PREFIX}{newest + 1} so nothing is overwritten.",
+            stacklevel=3,
+        )
+        number = newest + 1
+    return directory / f"{CHECKPOINT_PREFIX}{number}"
+
+
+def is_stateful(obj: Any) -> bool:
+    """Whether ``obj`` can be checkpointed: it has ``state_dict`` and ``load_state_dict``."""
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
 def checkpoints_dir(project_dir: str | os.PathLike) -> Path:
@@ -263,6 +291,36 @@ def _commit(staging: Path, target: Path) -> None:
     os.replace(target, previous)
     os.replace(staging, target)
     shutil.rmtree(previous)
+
+
+def engine_metadata(loaders: Sequence[Any], optimizers: Sequence[Any], gradient_state: Any) -> dict[str, Any]:
+    """What a manifest records so a run continues exactly: steps, epoch, accumulation, data position."""
+    positions = [loader.state_dict() for loader in loaders]
+    return {
+        "step": optimizers[0].steps if optimizers else None,
+        "epoch": positions[0]["epoch"] if positions else None,
+        "optimizer_steps": [optimizer.steps for optimizer in optimizers],
+        "accumulation_step": gradient_state.step,
+        "accumulation_steps": gradient_state.num_steps,
+        "dataloaders": positions,
+    }
+
+
+def restore_engine_metadata(
+    manifest: dict[str, Any], checkpoint: Path, loaders: Sequence[Any], optimizers: Sequence[Any], gradient_state: Any
+) -> None:
+    """Put back what :func:`engine_metadata` recorded."""
+    positions = manifest.get("dataloaders", [])
+    if len(positions) != len(loaders):
+        raise CheckpointError(
+            f"{checkpoint} records {len(positions)} dataloader(s) but {len(loaders)} were prepared; "
+            "prepare the same dataloaders as the run that saved it."
+        )
+    for loader, position in zip(loaders, positions, strict=True):
+        loader.load_state_dict(position)
+    for optimizer, steps in zip(optimizers, manifest.get("optimizer_steps", []), strict=False):
+        optimizer.steps = steps
+    gradient_state.step = manifest.get("accumulation_step", 0)
 
 
 def rotate_checkpoints(directory: Path, *, total_limit: int, protect: Path | None = None) -> list[Path]:

@@ -34,6 +34,17 @@ def recursively_apply(func: Callable[[torch.Tensor], Any], data: Any) -> Any:
     return data
 
 
+def is_tensor_nest(data: Any) -> bool:
+    """Whether ``data`` is a tensor, or lists/tuples/mappings holding only tensors."""
+    if isinstance(data, torch.Tensor):
+        return True
+    if isinstance(data, (list, tuple)):
+        return all(is_tensor_nest(item) for item in data)
+    if isinstance(data, Mapping):
+        return all(is_tensor_nest(item) for item in data.values())
+    return False
+
+
 def send_to_device(data: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
     """Move every tensor (and every object with a ``.to``) in ``data`` to ``device``."""
     if isinstance(data, torch.Tensor):

@@ -118,12 +118,19 @@ class Precision:
         return torch.autocast(self.device_type, dtype=self.dtype, **kwargs)
 
     def apply(self, model: nn.Module) -> nn.Module:
-        """Convert the model for fp8 where asked, and run its forward under autocast.
+        """Check fp32 master weights under fp16, convert for fp8 where asked, run the forward under autocast.
 
         The forward is replaced on the instance by a bound method, so ``copy.deepcopy`` of the model
         (EMA copies, for one) rebinds it to the copy. Half-precision outputs come back as fp32, so
         losses computed outside the model are computed in full precision.
         """
+        if self.mode is PrecisionType.FP16:
+            half = [name for name, p in model.named_parameters() if p.requires_grad and p.dtype == torch.float16]
+            if half:
+                raise ValueError(
+                    f"mixed_precision='fp16' keeps fp32 master weights, but parameter {half[0]!r} is already "
+                    "fp16; build the model in fp32 (autocast runs it in fp16)."
+                )
         if self.mode is PrecisionType.FP8:
             from torchao.float8 import convert_to_float8_training
 
