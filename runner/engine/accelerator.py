@@ -8,6 +8,8 @@ import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +154,8 @@ class Accelerator:
         self._custom_objects: list[Any] = []
         self.trackers: list[GeneralTracker] = []
         self._loaded_checkpoint: Path | None = None
+        self._committer: ThreadPoolExecutor | None = None  # rank 0's background commits (async_commit)
+        self._pending_commit: Future | None = None
         # OrderedDict, not dict: torch's RemovableHandle keeps a weak reference to it.
         self._save_state_pre_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._load_state_pre_hooks: OrderedDict[int, Callable] = OrderedDict()
@@ -517,7 +521,13 @@ class Accelerator:
             weights=weights,
         )
 
-    def save_state(self, output_dir: str | os.PathLike | None = None, *, metadata: dict[str, Any] | None = None) -> str:
+    def save_state(
+        self,
+        output_dir: str | os.PathLike | None = None,
+        *,
+        metadata: dict[str, Any] | None = None,
+        async_commit: bool = False,
+    ) -> str:
         """Save models, optimizers, schedulers, scaler, RNG states and registered objects.
 
         With ``automatic_checkpoint_naming`` the folder is ``project_dir/checkpoints/checkpoint_{i}``
@@ -529,6 +539,10 @@ class Accelerator:
             output_dir: The folder to write (ignored under automatic naming).
             metadata: JSON-able facts to record in the manifest besides the engine's own (step,
                 epoch, data position, accumulation, world size, files with sizes and sha256).
+            async_commit: Return once every rank's files are written; rank 0 hashes them, writes
+                the manifest and commits in a background thread while training goes on. The folder
+                still appears only once complete; the next ``save_state``, ``load_state``,
+                ``wait_for_checkpoint`` or ``end_training`` waits for it (and raises its error).
 
         Returns:
             The checkpoint folder.
@@ -536,6 +550,7 @@ class Accelerator:
         Raises:
             ValueError: No folder was given and naming is not automatic.
         """
+        self.wait_for_checkpoint()
         config = self.project_configuration
         if config.automatic_checkpoint_naming:
             if output_dir is not None:
@@ -561,7 +576,13 @@ class Accelerator:
         state = self._training_state(models, weights)
         # Between syncs each rank holds gradients it has not shared yet; they are part of the state.
         state.save_gradients = self.gradient_state.step % self.gradient_state.num_steps != 0
-        save_training_state(
+        rotate = None
+        if config.automatic_checkpoint_naming and config.total_limit is not None:
+            limit, protect = config.total_limit, self._loaded_checkpoint
+            rotate = partial(rotate_checkpoints, target.parent, total_limit=limit, protect=protect)
+        if async_commit and self._committer is None:
+            self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
+        self._pending_commit = save_training_state(
             target,
             state,
             rank=self.process_index,
@@ -570,12 +591,22 @@ class Accelerator:
             iteration=config.iteration if config.automatic_checkpoint_naming else None,
             metadata={**engine_metadata(self._dataloaders, self._optimizers, self.gradient_state), **(metadata or {})},
             before_write=run_hooks,
+            after_commit=rotate,
+            committer=self._committer if async_commit else None,
         )
         if config.automatic_checkpoint_naming:
             config.iteration += 1
-            if config.total_limit is not None and self.is_main_process:
-                rotate_checkpoints(target.parent, total_limit=config.total_limit, protect=self._loaded_checkpoint)
         return str(target)
+
+    def wait_for_checkpoint(self) -> None:
+        """Block until a checkpoint saved with ``async_commit`` is committed; raise its error if it failed.
+
+        Only rank 0 commits, so only rank 0 waits here; ``load_state`` adds the barrier that makes
+        every rank wait.
+        """
+        pending, self._pending_commit = self._pending_commit, None
+        if pending is not None:
+            pending.result()
 
     def load_state(self, input_dir: str | os.PathLike | None = None, *, verify_checksums: bool = True) -> None:
         """Restore what :meth:`save_state` saved; every process must call this after ``prepare``.
@@ -585,6 +616,8 @@ class Accelerator:
         ``checkpoint_{K+1}``. Every file is checked against the manifest first: its size, and with
         ``verify_checksums`` (the default) its sha256, which costs one extra read of the checkpoint.
         """
+        self.wait_for_checkpoint()
+        self.wait_for_everyone()  # a checkpoint rank 0 was still committing is now visible to every rank
         if input_dir is None:
             if not (self.project_configuration.automatic_checkpoint_naming and self.project_dir):
                 raise ValueError("load_state() needs an input_dir unless automatic_checkpoint_naming is on.")
@@ -641,7 +674,8 @@ class Accelerator:
         raise ValueError(f"No tracker named {name!r} was started; trackers: {[t.name for t in self.trackers]}.")
 
     def end_training(self) -> None:
-        """Close the trackers and wait for every process."""
+        """Wait for a pending checkpoint commit, close the trackers, and wait for every process."""
+        self.wait_for_checkpoint()
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []

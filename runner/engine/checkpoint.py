@@ -16,7 +16,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,15 +189,23 @@ def save_training_state(
     iteration: int | None = None,
     metadata: dict[str, Any] | None = None,
     before_write: Callable[[Path], None] | None = None,
-) -> Path:
+    after_commit: Callable[[], None] | None = None,
+    committer: Executor | None = None,
+) -> Future | None:
     """Write ``state`` as the checkpoint folder ``target``, committing it atomically.
 
-    Every rank calls this; the order of barriers is the same on all of them.
+    Every rank calls this with the same arguments; the order of barriers is the same on all of them.
 
     Args:
         metadata: Small JSON-able facts (data position, ...) stored in the manifest.
         before_write: Called on every rank with the staging folder before anything is written;
             files it writes there become part of the checkpoint.
+        after_commit: Called on rank 0 once the checkpoint is committed (rotation, say).
+        committer: Hash, write the manifest and commit on this executor (rank 0), and return as soon
+            as every rank's files are written. The folder still appears only once complete.
+
+    Returns:
+        Rank 0's pending commit when ``committer`` is given, else None.
     """
     staging = staging_dir(target)
     if rank == 0:
@@ -213,11 +221,19 @@ def save_training_state(
     if state.save_gradients:
         save_safetensors(_gradients(state.models), staging / gradients_name(rank))
     barrier()  # every rank's files are on disk before the manifest lists them
-    if rank == 0:
+
+    def commit() -> None:
         _write_manifest(staging, world_size=world_size, iteration=iteration, metadata=metadata or {})
         _commit(staging, target)
-    barrier()  # nobody moves on (or rotates, or loads) before the commit
-    return target
+        if after_commit is not None:
+            after_commit()
+
+    if committer is not None:
+        return committer.submit(commit) if rank == 0 else None
+    if rank == 0:
+        commit()
+    barrier()  # nobody moves on (or loads) before the commit
+    return None
 
 
 def _write_main_state(staging: Path, state: TrainingState) -> None:

@@ -74,3 +74,19 @@ def test_save_and_load_state_on_two_processes(launch, tmp_path):
         assert result["next_iteration"] == 3
     # The ranks drew different streams, so restoring per-rank states mattered.
     assert not torch.equal(rank0["restored"]["rand"], rank1["restored"]["rand"])
+
+
+def _async_saves(project_dir):
+    accelerator, model, optimizer, train_loader, scheduler = _build(project_dir)
+    for _ in range(3):
+        _steps(accelerator, model, optimizer, train_loader, scheduler, 2)
+        accelerator.save_state(async_commit=True)
+    expected = {k: v.clone() for k, v in accelerator.get_state_dict(model).items()}
+    _steps(accelerator, model, optimizer, train_loader, scheduler, 2)  # move away from the saved weights
+    accelerator.load_state()  # every rank waits for rank 0's last commit, then loads it
+    return all(torch.equal(expected[k], v) for k, v in accelerator.get_state_dict(model).items())
+
+
+def test_async_commits_on_two_processes(launch, tmp_path):
+    assert launch(_async_saves, str(tmp_path)) == [True, True]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_1", "checkpoint_2"]

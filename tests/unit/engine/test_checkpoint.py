@@ -216,3 +216,49 @@ def test_save_and_load_pre_hooks(tmp_path):
     handle.remove()
     accelerator.save_state()
     assert len(calls) == 2
+
+
+def test_async_commit_returns_before_the_commit_and_every_wait_completes_it(tmp_path, monkeypatch):
+    import threading
+
+    import runner.engine.checkpoint as checkpoint_module
+
+    release = threading.Event()
+    write_manifest = checkpoint_module._write_manifest
+
+    def slow_manifest(*args, **kwargs):
+        release.wait(timeout=30)  # the commit cannot finish before the test lets it
+        write_manifest(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module, "_write_manifest", slow_manifest)
+    accelerator, model, *_ = build(tmp_path, total_limit=2)
+    folder = Path(accelerator.save_state(async_commit=True))
+    assert not folder.exists() and (tmp_path / "checkpoints" / "checkpoint_0.incomplete").is_dir()
+    release.set()
+    accelerator.load_state()  # waits for the commit, then loads it
+    assert (folder / "manifest.json").is_file()
+    for _ in range(3):
+        accelerator.save_state(async_commit=True)
+    accelerator.end_training()  # waits for the last commit; rotation ran after each commit
+    # The newest two stay, and checkpoint_0, which this run loaded.
+    assert names(tmp_path) == ["checkpoint_0", "checkpoint_2", "checkpoint_3"]
+
+
+def test_a_failed_background_commit_surfaces_and_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    import runner.engine.checkpoint as checkpoint_module
+
+    accelerator = build(tmp_path)[0]
+    accelerator.save_state()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_module, "_write_manifest", disk_full)
+    accelerator.save_state(async_commit=True)
+    with pytest.raises(OSError, match="No space left on device"):
+        accelerator.wait_for_checkpoint()
+    accelerator.wait_for_checkpoint()  # reported once
+    assert names(tmp_path) == ["checkpoint_0", "checkpoint_1.incomplete"]
+    fresh = build(tmp_path)[0]
+    fresh.load_state()
+    assert fresh.save_iteration == 1
