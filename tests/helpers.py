@@ -65,6 +65,20 @@ def indexed_regression_data(n: int = 60, features: int = 8, seed: int = 0) -> Te
     return TensorDataset(x, y, torch.arange(n))
 
 
+class AugmentedData(torch.utils.data.Dataset):
+    """indexed_regression_data with random noise drawn in ``__getitem__``, from the global RNG."""
+
+    def __init__(self, n: int) -> None:
+        self.base = indexed_regression_data(n)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int):
+        x, y, i = self.base[index]
+        return x + 0.1 * torch.rand(x.shape), y, i
+
+
 def resumable_run(
     project_dir,
     *,
@@ -75,6 +89,7 @@ def resumable_run(
     precision: str = "no",
     stop_after: int | None = None,
     resume: bool = False,
+    augment: bool = False,
 ) -> dict:
     """A plain engine script that trains with shuffling and dropout, optionally stopping after
     ``stop_after`` micro-steps (saving a checkpoint) or resuming from the newest checkpoint.
@@ -94,7 +109,10 @@ def resumable_run(
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Dropout(0.2), nn.Linear(16, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.9)
-    data = loader(indexed_regression_data(n), batch_size)
+    if augment:  # random draws in the dataset, and no generator of the user's on the loader
+        data = DataLoader(AugmentedData(n), batch_size=batch_size, shuffle=True)
+    else:
+        data = loader(indexed_regression_data(n), batch_size)
     model, optimizer, data, scheduler = accelerator.prepare(model, optimizer, data, scheduler)
     torch.manual_seed(1000 + accelerator.process_index)  # dropout streams differ per rank
     if resume:

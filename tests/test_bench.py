@@ -18,7 +18,8 @@ def test_checkpoint_benchmark_quick(tmp_path):
     report = json.loads(out.read_text())
     assert report["parameters"] == 16 * (512 * 512 + 512) and report["rounds"] == 2
     assert set(report["median_seconds"]) == {
-        "save_state", "save_state_async", "save_file", "copy_save", "sha256", "load_state", "load_unverified", "load_file", "copy_load",
+        "save_state", "save_state_async", "save_file", "copy_save", "sha256",
+        "load_state", "load_unverified", "load_file", "copy_load",
     }  # fmt: skip
     assert all(seconds > 0 for seconds in report["median_seconds"].values())
     assert "save_state / save_file" in result.stdout

@@ -21,9 +21,11 @@ from torch.utils.hooks import RemovableHandle
 
 from runner.engine import ops
 from runner.engine.checkpoint import (
+    CheckpointError,
     CheckpointNotFoundError,
     ProjectConfiguration,
     TrainingState,
+    check_writable_target,
     checkpoint_number,
     checkpoints_dir,
     committed_checkpoints,
@@ -156,6 +158,7 @@ class Accelerator:
         self._loaded_checkpoint: Path | None = None
         self._committer: ThreadPoolExecutor | None = None  # rank 0's background commits (async_commit)
         self._pending_commit: Future | None = None
+        self._commit_in_flight = False  # known on every rank; the Future lives on rank 0 only
         # OrderedDict, not dict: torch's RemovableHandle keeps a weak reference to it.
         self._save_state_pre_hooks: OrderedDict[int, Callable] = OrderedDict()
         self._load_state_pre_hooks: OrderedDict[int, Callable] = OrderedDict()
@@ -566,6 +569,7 @@ class Accelerator:
             )
         else:
             target = Path(output_dir)
+            check_writable_target(target)  # every rank sees the same folder, so every rank raises alike
         models = [self.unwrap_model(model) for model in self._models]
         weights = [model.state_dict() for model in models]
 
@@ -594,6 +598,7 @@ class Accelerator:
             after_commit=rotate,
             committer=self._committer if async_commit else None,
         )
+        self._commit_in_flight = async_commit
         if config.automatic_checkpoint_naming:
             config.iteration += 1
         return str(target)
@@ -601,12 +606,22 @@ class Accelerator:
     def wait_for_checkpoint(self) -> None:
         """Block until a checkpoint saved with ``async_commit`` is committed; raise its error if it failed.
 
-        Only rank 0 commits, so only rank 0 waits here; ``load_state`` adds the barrier that makes
-        every rank wait.
+        Every process must call this (``save_state``, ``load_state`` and ``end_training`` do): rank 0
+        waits for its commit, then tells every rank how it went, so all of them raise alike.
         """
+        if not self._commit_in_flight:
+            return
+        self._commit_in_flight = False
         pending, self._pending_commit = self._pending_commit, None
+        error = None
         if pending is not None:
-            pending.result()
+            try:
+                pending.result()
+            except Exception as failure:  # reported to every rank below, then raised
+                error = f"Committing the last checkpoint failed: {type(failure).__name__}: {failure}"
+        error = ops.broadcast_object_list([error])[0]
+        if error is not None:
+            raise CheckpointError(error)
 
     def load_state(self, input_dir: str | os.PathLike | None = None, *, verify_checksums: bool = True) -> None:
         """Restore what :meth:`save_state` saved; every process must call this after ``prepare``.

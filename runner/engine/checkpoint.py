@@ -295,9 +295,18 @@ def _write_manifest(staging: Path, *, world_size: int, iteration: int | None, me
     os.replace(partial, staging / MANIFEST_NAME)
 
 
+def check_writable_target(target: Path) -> None:
+    """Refuse an ``output_dir`` that holds anything but a checkpoint: saving replaces the folder whole."""
+    if target.exists() and (not target.is_dir() or (any(target.iterdir()) and not is_committed(target))):
+        raise CheckpointError(
+            f"{target} exists and is not a checkpoint; save_state replaces its output_dir whole, so pass a new "
+            "or empty folder (or a previous checkpoint's)."
+        )
+
+
 def _commit(staging: Path, target: Path) -> None:
-    if not target.exists():
-        os.replace(staging, target)
+    if not target.exists() or (target.is_dir() and not any(target.iterdir())):
+        os.replace(staging, target)  # onto an empty directory, rename replaces it atomically
         return
     # An explicit output_dir that already holds a checkpoint: swap, then delete the old one, so a
     # crash at any moment leaves either the old or the new checkpoint intact.

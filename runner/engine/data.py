@@ -13,6 +13,7 @@ slices concatenate back into the padded global batch in rank order.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from collections.abc import Callable, Iterator
@@ -108,10 +109,14 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self.even_batches = even_batches
         self.global_batch_size = self.per_process * num_processes
         self.skip_samples = 0  # applies to the next pass only
+        self.seed: int | None = None  # reseeds a sampler's own generator each epoch (see set_epoch)
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
+        elif self.seed is not None and isinstance(getattr(self.sampler, "generator", None), torch.Generator):
+            # SubsetRandomSampler, WeightedRandomSampler, ...: the same draws on every rank, new each epoch.
+            self.sampler.generator.manual_seed((self.seed + epoch) % 2**64)
 
     def remainder_after(self, skipped: int) -> int:
         """Real samples in the padded last global batch of a pass that skips ``skipped`` samples, or -1."""
@@ -152,21 +157,28 @@ class ShardedBatchSampler(Sampler[list[int]]):
         if mine:
             yield mine
 
-    def __len__(self) -> int:
-        full, short = divmod(len(self.sampler), self.global_batch_size)
+    def num_batches(self, skipped: int = 0) -> int:
+        """This rank's batches in a pass that skips the epoch's first ``skipped`` samples."""
+        full, short = divmod(max(len(self.sampler) - skipped, 0), self.global_batch_size)
         if not short or self.drop_last:
             return full
         if self.even_batches or self.num_processes == 1:
             return full + 1
         return full + int(self.process_index * math.ceil(short / self.num_processes) < short)
 
+    def __len__(self) -> int:
+        return self.num_batches(0)
+
 
 class PreparedDataLoader(DataLoader):
     """A DataLoader over this rank's shard that moves batches to the device.
 
-    It looks one batch ahead so that, while the last batch is being processed, the Accelerator
+    It counts the batches of each pass, so that while the last one is processed the Accelerator
     already knows the epoch is ending (``accumulate`` syncs there; ``gather_for_metrics`` trims the
-    padding). Each full pass advances the epoch, which reseeds the shuffle; ``set_epoch`` sets it.
+    padding) without fetching ahead: a dataset's random draws happen in the order of an
+    uninterrupted run, which keeps resume exact. Each full pass advances the epoch, which reseeds
+    the shuffle (and the loader's own generator, whose draw seeds the worker processes);
+    ``set_epoch`` sets it.
     """
 
     def __init__(
@@ -177,9 +189,11 @@ class PreparedDataLoader(DataLoader):
         gradient_state,
         non_blocking: bool,
         on_epoch_start: Callable[[], None] | None = None,
+        seed: int = 0,
         **kwargs,
     ):
-        super().__init__(dataset, **kwargs)
+        super().__init__(dataset, generator=torch.Generator(), **kwargs)
+        self.seed = seed
         self.on_epoch_start = on_epoch_start
         self.device = device
         self.gradient_state = gradient_state
@@ -190,7 +204,7 @@ class PreparedDataLoader(DataLoader):
         self._skip_on_next_pass = 0  # samples
         self._skipped_this_pass = 0
         self._batches_yielded = 0
-        self._yielded_last = False
+        self._pass_batches = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose shuffle order the next pass uses."""
@@ -210,8 +224,10 @@ class PreparedDataLoader(DataLoader):
 
         Positions count samples, not batches, so a run can continue on another number of processes.
         """
-        if self._yielded_last:  # the pass is complete; only its generator has not returned yet
-            state = {"epoch": self.iteration + 1, "samples_seen": 0}
+        if self._skip_on_next_pass:  # loaded, not iterated yet: the position is the pending one
+            state = {"epoch": self.iteration, "samples_seen": self._skip_on_next_pass}
+        elif self._pass_batches and self._batches_yielded == self._pass_batches:
+            state = {"epoch": self.iteration + 1, "samples_seen": 0}  # complete; the generator has not returned
         else:
             state = {"epoch": self.iteration, "samples_seen": self.samples_seen}
         sampler = self.batch_sampler.sampler
@@ -249,29 +265,23 @@ class PreparedDataLoader(DataLoader):
         skip, self._skip_on_next_pass = self._skip_on_next_pass, 0
         self.batch_sampler.skip_samples = self._skipped_this_pass = skip
         self.remainder = self.batch_sampler.remainder_after(skip)
+        self._pass_batches = self.batch_sampler.num_batches(skip)
         self._batches_yielded = 0
-        self._yielded_last = self.end_of_dataloader = False
+        self.end_of_dataloader = self._pass_batches == 0
+        # torch draws each pass's worker seed from the loader's generator: seeded per epoch, it is the
+        # same on every rank and in a resumed run.
+        self.generator.manual_seed((self.seed + self.iteration) % 2**64)
         self.gradient_state.activate(self)
         try:
-            batches = super().__iter__()
-            current = next(batches, _EXHAUSTED)
-            for upcoming in batches:
+            for batch in super().__iter__():
                 self._batches_yielded += 1
-                yield self._to_device(current)
-                current = upcoming
-            self.end_of_dataloader = True
-            if current is not _EXHAUSTED:
-                self._batches_yielded += 1
-                self._yielded_last = True
-                yield self._to_device(current)
+                self.end_of_dataloader = self._batches_yielded == self._pass_batches
+                yield self._to_device(batch)
             self.iteration += 1
-            self._skipped_this_pass = self._batches_yielded = 0
-            self._yielded_last = False
+            self._skipped_this_pass = self._batches_yielded = self._pass_batches = 0
         finally:
             self.gradient_state.deactivate(self)
 
-
-_EXHAUSTED = object()
 
 _LOADER_OPTIONS = (
     "num_workers",
@@ -280,7 +290,6 @@ _LOADER_OPTIONS = (
     "timeout",
     "worker_init_fn",
     "multiprocessing_context",
-    "generator",
     "prefetch_factor",
     "persistent_workers",
     "pin_memory_device",
@@ -332,13 +341,14 @@ def prepare_data_loader(
             "sampler and batch_size to the DataLoader instead."
         )
     sampler = batch_sampler.sampler
+    seed = _shuffle_seed(dataloader, broadcast_seed)
     if isinstance(sampler, RandomSampler):
         sampler = SeedableRandomSampler(
-            sampler.data_source,
-            seed=_shuffle_seed(dataloader, broadcast_seed),
-            replacement=sampler.replacement,
-            num_samples=sampler._num_samples,
+            sampler.data_source, seed=seed, replacement=sampler.replacement, num_samples=sampler._num_samples
         )
+    elif hasattr(sampler, "generator") and not hasattr(sampler, "set_epoch"):
+        sampler = copy.copy(sampler)  # a random sampler of the user's: give it a generator every rank seeds alike
+        sampler.generator = torch.Generator()
     sharded = ShardedBatchSampler(
         sampler,
         batch_size=batch_sampler.batch_size,
@@ -348,6 +358,7 @@ def prepare_data_loader(
         split_batches=config.split_batches,
         even_batches=config.even_batches,
     )
+    sharded.seed = seed
     options = {name: getattr(dataloader, name) for name in _LOADER_OPTIONS if hasattr(dataloader, name)}
     if options.get("num_workers", 0) == 0:
         options.pop("prefetch_factor", None)
@@ -359,5 +370,6 @@ def prepare_data_loader(
         gradient_state=gradient_state,
         non_blocking=config.non_blocking,
         on_epoch_start=on_epoch_start,
+        seed=seed,
         **options,
     )

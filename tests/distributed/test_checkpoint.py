@@ -90,3 +90,24 @@ def _async_saves(project_dir):
 def test_async_commits_on_two_processes(launch, tmp_path):
     assert launch(_async_saves, str(tmp_path)) == [True, True]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_1", "checkpoint_2"]
+
+
+def _failed_async_commit(project_dir):
+    import runner.engine.checkpoint as checkpoint_module
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    checkpoint_module._write_manifest = disk_full
+    accelerator, *_ = _build(project_dir)
+    accelerator.save_state(async_commit=True)
+    try:
+        accelerator.wait_for_checkpoint()
+    except Exception as error:  # every rank must hear of rank 0's failure, or the next collective hangs
+        return str(error)
+    return None
+
+
+def test_a_failed_async_commit_is_raised_on_every_rank(launch, tmp_path):
+    errors = launch(_failed_async_commit, str(tmp_path))
+    assert errors[0] == errors[1] and "Committing the last checkpoint failed: OSError" in errors[0]

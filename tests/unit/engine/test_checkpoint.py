@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from runner.engine import Accelerator, ProjectConfiguration
+from runner.engine import Accelerator, CheckpointError, ProjectConfiguration
 
 
 class StepCounter:
@@ -173,7 +173,7 @@ def test_explicit_output_dir_is_replaced_whole(tmp_path):
     accelerator, model, *_ = build(automatic=False)
     target = tmp_path / "state"
     accelerator.save_state(target)
-    (target / "leftover.txt").write_text("from before")
+    (target / "leftover.txt").write_text("from before")  # inside a checkpoint: replaced with it
     with torch.no_grad():
         model[0].weight.fill_(3.0)
     accelerator.save_state(target)
@@ -255,10 +255,22 @@ def test_a_failed_background_commit_surfaces_and_leaves_the_previous_checkpoint(
 
     monkeypatch.setattr(checkpoint_module, "_write_manifest", disk_full)
     accelerator.save_state(async_commit=True)
-    with pytest.raises(OSError, match="No space left on device"):
+    with pytest.raises(CheckpointError, match="Committing the last checkpoint failed: OSError: .*No space left"):
         accelerator.wait_for_checkpoint()
     accelerator.wait_for_checkpoint()  # reported once
     assert names(tmp_path) == ["checkpoint_0", "checkpoint_1.incomplete"]
     fresh = build(tmp_path)[0]
     fresh.load_state()
     assert fresh.save_iteration == 1
+
+
+def test_save_state_never_replaces_a_folder_that_is_not_a_checkpoint(tmp_path):
+    accelerator = build(automatic=False)[0]
+    (tmp_path / "results.txt").write_text("precious")
+    with pytest.raises(CheckpointError, match=r"exists and is not a checkpoint; save_state replaces its output_dir"):
+        accelerator.save_state(tmp_path)
+    assert (tmp_path / "results.txt").read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.txt"]
+    (tmp_path / "empty").mkdir()
+    accelerator.save_state(tmp_path / "empty")  # an empty folder is fine
+    assert (tmp_path / "empty" / "manifest.json").is_file()

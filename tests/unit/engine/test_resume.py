@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from runner.engine import Accelerator
+from runner.engine import Accelerator, ProjectConfiguration
 from tests.helpers import assert_same_optimizer_state, resumable_run
 
 # 60 samples, batch 4: 15 micro-steps an epoch. Stops mid-epoch, at an epoch's end, mid accumulation cycle.
@@ -14,7 +14,16 @@ CASES = [(1, "no", 5), (1, "no", 15), (1, "no", 22), (3, "no", 7), (3, "no", 21)
 
 @pytest.mark.parametrize(("accumulation", "precision", "stop_after"), CASES)
 def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, accumulation, precision, stop_after):
-    settings = {"accumulation": accumulation, "precision": precision}
+    check_resume(tmp_path, accumulation, precision, stop_after, augment=False)
+
+
+@pytest.mark.parametrize("stop_after", [5, 22])
+def test_resume_is_exact_with_random_augmentation_and_no_loader_generator(tmp_path, stop_after):
+    check_resume(tmp_path, 1, "no", stop_after, augment=True)
+
+
+def check_resume(tmp_path, accumulation, precision, stop_after, *, augment):
+    settings = {"accumulation": accumulation, "precision": precision, "augment": augment}
     full = resumable_run(tmp_path / "full", **settings)
     first = resumable_run(tmp_path / "cut", stop_after=stop_after, **settings)
     rest = resumable_run(tmp_path / "cut", resume=True, **settings)
@@ -28,7 +37,8 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, accumulation, pr
 
     manifest = json.loads((tmp_path / "cut" / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())
     epoch, in_epoch = divmod(stop_after, 15)
-    assert manifest["dataloaders"][0] == {"epoch": epoch, "samples_seen": 4 * in_epoch, "seed": 1234}
+    assert manifest["dataloaders"][0]["epoch"] == epoch and manifest["dataloaders"][0]["samples_seen"] == 4 * in_epoch
+    assert manifest["dataloaders"][0]["seed"] == (0 if augment else 1234)  # torch.manual_seed(0), or the generator's
     assert manifest["accumulation_step"] == in_epoch  # micro-steps since the epoch began
     mid_cycle = in_epoch % accumulation != 0
     assert ("gradients_0.safetensors" in manifest["files"]) == mid_cycle
@@ -59,3 +69,23 @@ def test_skip_first_batches_skips_without_loading():
     assert [b.tolist() for b in accelerator.skip_first_batches(data, 3)] == [[6, 7], [8, 9]]
     assert loads == [6, 7, 8, 9]
     assert [b.tolist() for b in data][0] == [0, 1]  # only the one pass skipped
+
+
+def test_a_position_loaded_but_not_yet_used_is_saved_again(tmp_path):
+    def build():
+        accelerator = Accelerator(project_config=ProjectConfiguration(str(tmp_path), automatic_checkpoint_naming=True))
+        return accelerator, accelerator.prepare(
+            torch.utils.data.DataLoader(torch.arange(60), batch_size=4, shuffle=True)
+        )
+
+    accelerator, data = build()
+    for step, _ in enumerate(data, start=1):
+        if step == 10:
+            accelerator.save_state()
+            break
+    accelerator, data = build()
+    accelerator.load_state()
+    accelerator.save_state()  # before the loader ever ran
+    manifest = json.loads((tmp_path / "checkpoints" / "checkpoint_1" / "manifest.json").read_text())
+    assert manifest["dataloaders"][0]["samples_seen"] == 40
+    assert len(list(data)) == 5  # and the pass still starts after those 40 samples
