@@ -81,10 +81,21 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float:
     accelerator.init_trackers("", config=OmegaConf.to_container(cfg, resolve=True))
 
     trainer = cfg.trainer
+    log_every, eval_every, save_every = (
+        trainer.log_every_n_steps,
+        trainer.eval_every_n_steps,
+        trainer.checkpoint_every_n_steps,
+    )
+    max_grad_norm = trainer.max_grad_norm
     config_sha256 = config_hash(cfg)
     reporter = ProgressReporter(accelerator, total=total_steps, initial=progress.step, enabled=trainer.progress_bar)
     throughput = Throughput()
-    running_loss, micro_batches = torch.zeros((), device=accelerator.device), 0
+    running_loss, micro_batches = torch.zeros((), device=accelerator.device), progress.micro_batches
+    if progress.loss_totals:  # this rank's running loss at the checkpoint (their mean on another world size)
+        totals = progress.loss_totals
+        running_loss.fill_(
+            totals[accelerator.process_index] if len(totals) == accelerator.num_processes else sum(totals) / len(totals)
+        )
     metrics: dict[str, float] = {}
     last_eval, last_checkpoint = -1, progress.step if cfg.resume else -1
 
@@ -97,6 +108,8 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float:
 
     def checkpoint() -> None:
         nonlocal last_checkpoint
+        progress.loss_totals = accelerator.gather(running_loss.reshape(1)).tolist()
+        progress.micro_batches = micro_batches
         accelerator.save_state(metadata={"step": progress.step, "config_sha256": config_sha256})
         last_checkpoint = progress.step
 
@@ -106,8 +119,8 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float:
             with accelerator.accumulate(model):
                 loss = F.cross_entropy(model(images), labels)
                 accelerator.backward(loss)
-                if accelerator.sync_gradients and trainer.max_grad_norm:
-                    accelerator.clip_grad_norm_(model.parameters(), trainer.max_grad_norm)
+                if accelerator.sync_gradients and max_grad_norm:
+                    accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
                 optimizer.step()
                 if scheduler is not None and accelerator.sync_gradients and not accelerator.optimizer_step_was_skipped:
                     scheduler.step()
@@ -120,7 +133,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float:
 
             progress.step += 1
             reporter.advance()
-            if every(trainer.log_every_n_steps, progress.step):
+            if every(log_every, progress.step):
                 mean_loss = accelerator.reduce(running_loss / micro_batches, reduction="mean").item()
                 running_loss.zero_()
                 micro_batches = 0
@@ -129,16 +142,16 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float:
                           "train/samples_per_second": throughput.read()}  # fmt: skip
                 accelerator.log(logged, step=progress.step)
                 reporter.report(progress.step, logged)
-            if every(trainer.eval_every_n_steps, progress.step):
+            if every(eval_every, progress.step):
                 evaluate_and_log()
-            if every(trainer.checkpoint_every_n_steps, progress.step):
+            if every(save_every, progress.step):
                 checkpoint()
             if progress.step >= total_steps:
                 break
         else:  # the epoch ended (rather than the step budget)
-            if trainer.eval_every_n_steps is None and last_eval != progress.step:
+            if eval_every is None and last_eval != progress.step:
                 evaluate_and_log()
-            if trainer.checkpoint_every_n_steps is None and last_checkpoint != progress.step:
+            if save_every is None and last_checkpoint != progress.step:
                 checkpoint()
 
     if last_eval != progress.step:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from runner.config import ConfigError, RunnerConfig, check_data, register_configs, validate
+from runner.config import ConfigError, RunnerConfig, check_data, check_hardware, register_configs, validate
 
 logger = logging.getLogger("runner")
 
@@ -58,6 +59,12 @@ def main(cfg: DictConfig) -> float | None:
             cfg, overrides = _resume(cfg, overrides)
             validate(cfg)
         check_data(cfg)
+        check_hardware(cfg)
+        if cfg.trainer.num_nodes > 1 and not cfg.project.project_dir:
+            raise ConfigError(
+                "trainer.num_nodes > 1 needs project.project_dir set to the same shared folder on every node, so "
+                "all nodes write one run."
+            )
         config = OmegaConf.to_container(cfg, resolve=True)
         config["project"]["project_dir"] = str(_project_dir(cfg))
         return launch(config, overrides)
@@ -85,7 +92,9 @@ def _resume(cfg: DictConfig, task_overrides: list[str]) -> tuple[DictConfig, lis
     """The resumed run's config with this command's new overrides, and the overrides it now stands for."""
     from runner.resume import find_checkpoint, resumed_config, saved_overrides
 
-    run_dir, checkpoint = find_checkpoint(cfg.resume)
+    # The command line already chose and verified the checkpoint (resume= now names it exactly);
+    # each worker's load_state verifies it again, so sizes suffice here.
+    run_dir, checkpoint = find_checkpoint(cfg.resume, verify_checksums=False)
     saved = [o for o in saved_overrides(checkpoint) if not _is_resume(o)]
     given = [o for o in task_overrides if not _is_resume(o)]
     new = given[len(saved) :] if given[: len(saved)] == saved else given
@@ -125,8 +134,8 @@ def prepare_command_line(argv: list[str]) -> list[str]:
     if resume:
         if args.multirun:
             raise ConfigError("resume= continues one run; drop -m/--multirun.")
-        saved, extra = _resume_command_line(resume, overrides)
-        overrides = saved + overrides
+        checkpoint, saved, extra = _resume_command_line(resume, overrides)
+        overrides = saved + [f"resume={_hydra_value(str(checkpoint))}" if _is_resume(o) else o for o in overrides]
     if not (args.config_path or args.config_dir):
         check_overrides(overrides, config_name=args.config_name or CONFIG_NAME)
     if _under_torchrun() and not args.multirun and not _sets(overrides, "hydra.run.dir") and not resume:
@@ -134,7 +143,7 @@ def prepare_command_line(argv: list[str]) -> list[str]:
     return flags + overrides + extra
 
 
-def _resume_command_line(resume: str, overrides: list[str]) -> tuple[list[str], list[str]]:
+def _resume_command_line(resume: str, overrides: list[str]) -> tuple[Path, list[str], list[str]]:
     from runner.resume import find_checkpoint, saved_overrides
 
     run_dir, checkpoint = find_checkpoint(resume)
@@ -145,9 +154,16 @@ def _resume_command_line(resume: str, overrides: list[str]) -> tuple[list[str], 
             "(e.g. trainer.max_steps=2000) or start a new run."
         )
     saved = [o for o in saved_overrides(checkpoint) if not _is_resume(o) and not o.startswith("hydra")]
-    extra = [] if _sets(overrides, "hydra.run.dir") else [f"hydra.run.dir={run_dir}"]
+    extra = [] if _sets(overrides, "hydra.run.dir") else [f"hydra.run.dir={_hydra_value(str(run_dir))}"]
     # The resumed folder keeps its original .hydra/ record; this command's record goes to run.log.
-    return saved, [*extra, "hydra.output_subdir=null"]
+    return checkpoint, saved, [*extra, "hydra.output_subdir=null"]
+
+
+def _hydra_value(text: str) -> str:
+    """``text`` as a value in Hydra's override grammar: bare when plain, else double-quoted."""
+    if re.fullmatch(r"[\w./:-]+", text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _sets(overrides: list[str], key: str) -> bool:
@@ -194,6 +210,7 @@ def check_overrides(overrides: list[str], *, config_name: str = CONFIG_NAME) -> 
     validate(cfg)
     if not cfg.resume:
         check_data(cfg)
+        check_hardware(cfg)
 
 
 def describe_composition_error(error: Exception, overrides: list[str], config_name: str = CONFIG_NAME) -> str:

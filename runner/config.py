@@ -256,14 +256,34 @@ def recipe_module(recipe: str) -> str:
 
 
 def check_data(cfg: DictConfig) -> None:
-    """Raise :class:`ConfigError` if the dataset's files are missing and ``data.download`` is off."""
-    from runner.data import missing_files
+    """Raise :class:`ConfigError` for splits the dataset lacks, or missing files with ``data.download`` off."""
+    from runner.data import check_splits, missing_files
 
+    splits = [cfg.data.train_split, cfg.data.eval_split]
+    try:
+        check_splits(cfg.data.name, splits)
+    except ValueError as error:
+        raise ConfigError(f"{error}".replace("Split ", "data split ", 1)) from None
     if cfg.data.download:
         return
-    missing = missing_files(cfg.data.name, root=cfg.data.root, splits=[cfg.data.train_split, cfg.data.eval_split])
+    missing = missing_files(cfg.data.name, root=cfg.data.root, splits=splits)
     if missing:
         raise ConfigError(
             f"{cfg.data.name} files {', '.join(missing)} are not in {cfg.data.root}; set data.root to the folder "
             "that holds them, or data.download=true to fetch them."
         )
+
+
+def check_hardware(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` when the precision asks for hardware this machine lacks (imports torch)."""
+    if cfg.trainer.mixed_precision != "fp8":
+        return
+    import torch
+
+    from runner.engine.precision import check_fp8_support
+
+    cuda = torch.cuda.is_available() and not cfg.trainer.cpu
+    try:
+        check_fp8_support(torch.device("cuda", 0) if cuda else torch.device("cpu"))
+    except ValueError as error:
+        raise ConfigError(str(error).replace("mixed_precision=", "trainer.mixed_precision=", 1)) from None

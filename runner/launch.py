@@ -6,10 +6,12 @@ plain data, so every rank and every restart trains in the same folder with the s
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import uuid
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger("runner")
@@ -78,19 +80,58 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
     try:
         results = elastic_launch(launch_config, run_worker)(config, overrides)
     except ChildFailedError as error:
-        rank, failure = error.get_first_failure()
-        message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
-        detail = message.strip().splitlines()[-1] if message.strip() else f"exit code {failure.exitcode}"
-        detail = re.sub(
-            r"^(?:\w+\.)+(\w+: )", r"\1", detail
-        )  # runner.engine.checkpoint.CheckpointError -> CheckpointError
-        raise WorkerFailed(f"Worker rank {rank} failed: {detail}") from None
+        raise WorkerFailed(describe_failure(error.failures)) from None
     finally:
         if set_threads:
             os.environ.pop("OMP_NUM_THREADS", None)
     return results.get(0)
 
 
+# When one rank dies, its peers fail too, on the broken connection; those are not the cause.
+_COLLATERAL = re.compile(
+    r"Connection (closed|reset) by peer|remote worker|Broken pipe|communicator was aborted|SIGTERM"
+)
+
+
+def describe_failure(failures: dict) -> str:
+    """One sentence for the root cause among the failed ranks.
+
+    When a rank raises, its peers fail next on the broken connection, and the elastic agent may
+    report one of those before the rank that raised has exited. So the error files torch's agent
+    keeps for every local rank of the attempt are read too, and an error of a rank's own is
+    preferred over a peer's broken connection.
+    """
+    candidates: dict[int, str] = {}
+    for rank, failure in failures.items():
+        text = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
+        candidates[rank] = text.strip() or f"exit code {failure.exitcode}"
+        candidates.update(_sibling_errors(rank, failure))
+    rank = min(candidates, key=lambda r: (bool(_COLLATERAL.search(candidates[r])), r not in failures, r))
+    detail = candidates[rank].splitlines()[-1]
+    # "runner.engine.checkpoint.CheckpointError: ..." reads better as "CheckpointError: ..."
+    detail = re.sub(r"^(?:\w+\.)+(\w+: )", r"\1", detail)
+    return f"Worker rank {rank} failed: {detail}"
+
+
+def _sibling_errors(rank: int, failure) -> dict[int, str]:
+    """Messages in the error files of the other local ranks of ``failure``'s attempt, by global rank."""
+    error_file = Path(str(failure.error_file))
+    if not error_file.is_file() or not error_file.parent.name.isdigit():
+        return {}
+    found = {}
+    for sibling in error_file.parent.parent.glob("*/error.json"):
+        if not sibling.parent.name.isdigit() or sibling == error_file:
+            continue
+        try:
+            message = json.loads(sibling.read_text())["message"]["message"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        found[rank - failure.local_rank + int(sibling.parent.name)] = str(message).strip()
+    return found
+
+
 def _multinode_run_id(config: dict[str, Any]) -> str:
-    # Every node must present the same run id to the rendezvous; the run folder is shared by all.
-    return "runner-" + uuid.uuid5(uuid.NAMESPACE_URL, config["project"]["project_dir"]).hex[:12]
+    # Every node must present the same run id to the rendezvous: derive it from what every node was
+    # given alike, the rendezvous address and the shared run folder (required by the runner's checks).
+    key = f"{config['trainer']['rdzv_endpoint']}|{config['project']['project_dir']}"
+    return "runner-" + uuid.uuid5(uuid.NAMESPACE_URL, key).hex[:12]

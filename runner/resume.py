@@ -17,7 +17,7 @@ CONFIG_FILE = "config.yaml"
 OVERRIDES_FILE = "overrides.yaml"
 
 
-def find_checkpoint(path: str) -> tuple[Path, Path]:
+def find_checkpoint(path: str, *, verify_checksums: bool = True) -> tuple[Path, Path]:
     """The run folder and checkpoint folder that ``resume=path`` names.
 
     ``path`` is a ``checkpoints/checkpoint_N`` folder, or a run folder (its newest intact checkpoint,
@@ -26,7 +26,7 @@ def find_checkpoint(path: str) -> tuple[Path, Path]:
     Raises:
         ConfigError: The path is missing, not a checkpoint or run folder, or has no intact checkpoint.
     """
-    from runner.engine.checkpoint import checkpoint_number, committed_checkpoints
+    from runner.engine.checkpoint import checkpoint_number, newest_intact_checkpoint
 
     folder = Path(path).expanduser().resolve()
     if not folder.is_dir():
@@ -34,28 +34,27 @@ def find_checkpoint(path: str) -> tuple[Path, Path]:
             f"resume={path} does not exist; pass a run folder or one of its checkpoints/checkpoint_N folders."
         )
     if checkpoint_number(folder) is not None:
-        _check_intact(folder, path)
+        _check_intact(folder, path, verify_checksums=verify_checksums)
         return folder.parent.parent, folder
     if not (folder / CHECKPOINTS).is_dir():
         raise ConfigError(
             f"resume={path} is neither a checkpoint folder (checkpoint_N) nor a run folder (it has no "
             f"{CHECKPOINTS}/ folder); pass one of those."
         )
-    for checkpoint in reversed(committed_checkpoints(folder / CHECKPOINTS)):
-        try:
-            _check_intact(checkpoint, path)
-        except ConfigError as damaged:
-            logger.warning("Skipping %s: %s", checkpoint.name, damaged)
-            continue
-        return folder, checkpoint
+    newest, skipped = newest_intact_checkpoint(folder / CHECKPOINTS)
+    for checkpoint, error in skipped:
+        logger.warning("Skipping %s: %s", checkpoint.name, error)
+    if newest is not None:
+        _check_intact(newest, path, verify_checksums=False)  # newest_intact_checkpoint checked its files
+        return folder, newest
     raise ConfigError(f"resume={path} has no complete checkpoint in {folder / CHECKPOINTS}; start a new run instead.")
 
 
-def _check_intact(checkpoint: Path, path: str) -> None:
+def _check_intact(checkpoint: Path, path: str, *, verify_checksums: bool) -> None:
     from runner.engine.checkpoint import CheckpointError, read_manifest
 
     try:
-        read_manifest(checkpoint)
+        read_manifest(checkpoint, verify_checksums=verify_checksums)
     except CheckpointError as error:
         raise ConfigError(f"resume={path}: {error}") from None
     if not (checkpoint / CONFIG_FILE).is_file():

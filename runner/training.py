@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +25,24 @@ logger = logging.getLogger("runner")
 
 @dataclass
 class TrainingProgress:
-    """The optimizer steps taken so far; registered for checkpointing so a resumed run continues the count."""
+    """Optimizer steps taken, and every rank's running loss since the last log.
+
+    Registered for checkpointing, so a resumed run continues the count and logs the same losses as
+    an uninterrupted one. ``loss_totals`` is gathered from all ranks just before a save (rank 0
+    writes the file), and each rank takes its own entry back on resume.
+    """
 
     step: int = 0
+    loss_totals: list[float] = field(default_factory=list)
+    micro_batches: int = 0
 
-    def state_dict(self) -> dict[str, int]:
-        return {"step": self.step}
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "loss_totals": list(self.loss_totals), "micro_batches": self.micro_batches}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
+        self.loss_totals = [float(total) for total in state.get("loss_totals", [])]
+        self.micro_batches = int(state.get("micro_batches", 0))
 
 
 def total_optimizer_steps(trainer: DictConfig, batches_per_epoch: int) -> int:

@@ -84,6 +84,16 @@ def run_worker(config: dict[str, Any], overrides: list[str]) -> float | None:
         import torch
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if restarts:  # the elastic agent restarted the workers: continue from the run's newest checkpoint
+        from runner.engine.checkpoint import checkpoints_dir, newest_intact_checkpoint
+
+        newest, skipped = newest_intact_checkpoint(checkpoints_dir(cfg.project.project_dir))
+        for checkpoint, error in skipped:
+            logger.warning("Skipping %s: %s", checkpoint.name, error)
+        if newest is not None:
+            logger.warning("Restart %d: resuming from %s", restarts, newest)
+            cfg.resume = str(newest)
     accelerator = build_accelerator(cfg)
     record_config_in_checkpoints(accelerator, config, overrides)
     recipe = importlib.import_module(recipe_module(cfg.recipe))

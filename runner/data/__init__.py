@@ -10,9 +10,25 @@ from pathlib import Path
 
 from runner.data.splits import SplitSpec, parse_split
 
-__all__ = ["SplitSpec", "build_dataset", "missing_files", "parse_split"]
+__all__ = ["SplitSpec", "build_dataset", "check_splits", "missing_files", "parse_split"]
 
 DATASETS = ("mnist",)
+
+
+def check_splits(name: str, splits: list[str]) -> None:
+    """Raise ValueError for a split ``name`` does not have, or a slice that selects nothing."""
+    if name != "mnist":
+        raise ValueError(f"data.name={name!r} is not a known dataset; use one of {', '.join(DATASETS)}.")
+    from runner.data.mnist_files import MNIST_SIZES
+
+    for split in splits:
+        spec = parse_split(split)
+        if spec.name not in MNIST_SIZES:
+            raise ValueError(
+                f"MNIST has no split {spec.name!r} ({split!r}); use 'train' or 'test' with an optional slice."
+            )
+        if len(spec.indices(MNIST_SIZES[spec.name])) == 0:
+            raise ValueError(f"Split {split!r} selects none of MNIST's {MNIST_SIZES[spec.name]} {spec.name} images.")
 
 
 def missing_files(name: str, *, root: str, splits: list[str]) -> list[str]:

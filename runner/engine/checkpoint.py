@@ -110,6 +110,20 @@ def newest_checkpoint_number(checkpoints_dir: str | os.PathLike) -> int | None:
     return max((n for n in numbers if n is not None), default=None)
 
 
+def newest_intact_checkpoint(directory: Path) -> tuple[Path | None, list[tuple[Path, CheckpointError]]]:
+    """The newest committed checkpoint in ``directory`` whose files match its manifest, and the newer
+    damaged ones skipped on the way (each with its error)."""
+    skipped = []
+    for checkpoint in reversed(committed_checkpoints(directory)):
+        try:
+            read_manifest(checkpoint)
+        except CheckpointError as error:
+            skipped.append((checkpoint, error))
+            continue
+        return checkpoint, skipped
+    return None, skipped
+
+
 def next_automatic_checkpoint(config: ProjectConfiguration) -> Path:
     """``project_dir/checkpoints/checkpoint_{iteration}``, or past the newest folder if that one is taken.
 

@@ -89,8 +89,7 @@ def test_resume_from_a_checkpoint_then_a_run_folder_matches_an_uninterrupted_run
     assert sorted(p.name for p in (cut / "checkpoints").iterdir()) == ["checkpoint_1", "checkpoint_2", "checkpoint_3"]
     assert not (tmp_path / "outputs").exists()  # resuming wrote into the resumed run's folder only
 
-    assert metrics(cut)["step"] == 20
-    assert metrics(cut)["eval/accuracy"] == metrics(full)["eval/accuracy"]
+    assert metrics(cut) == metrics(full)  # step, epoch, eval loss and accuracy, and the logged train loss
     expected, got = load_file(full / "model" / "model.safetensors"), load_file(cut / "model" / "model.safetensors")
     assert all(torch.equal(expected[k], got[k]) for k in expected)  # bit-identical to the uninterrupted run
     overrides = (cut / "checkpoints" / "checkpoint_3" / "overrides.yaml").read_text()
@@ -124,14 +123,30 @@ def test_a_wrong_resume_path_exits_2(tmp_path):
 
 
 def test_a_failing_worker_fails_the_run_with_its_error(tmp_path):
+    (tmp_path / "flaky_recipe.py").write_text(
+        "def train(cfg, accelerator):\n"
+        "    if accelerator.process_index == 1:\n"
+        "        raise RuntimeError('the GPU caught fire')\n"
+        "    accelerator.wait_for_everyone()\n"
+    )
     result = run_cli(
-        "experiment=mnist_ddp", *mnist_args("test[:256]", "test[20000:]"), f"hydra.run.dir={tmp_path / 'run'}",
+        "experiment=mnist_ddp", "recipe=flaky_recipe", *mnist_args(), f"hydra.run.dir={tmp_path / 'run'}",
         cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 1
-    assert re.search(
-        r"runner: error: Worker rank [01] failed: ValueError: Split 'test\[20000:\]' selects no", result.stderr
-    )
+    assert "runner: error: Worker rank 1 failed: RuntimeError: the GPU caught fire" in result.stderr
+
+
+def test_user_mistakes_found_before_launch_exit_2_without_a_traceback(tmp_path):
+    for overrides, message in [
+        (['data.eval_split="test[20000:]"'], "data split 'test[20000:]' selects none of MNIST's 10000 test images."),
+        (["data.train_split=validation"], "MNIST has no split 'validation'"),
+        (["trainer.mixed_precision=fp8"], "trainer.mixed_precision='fp8' needs an NVIDIA GPU"),
+    ]:
+        result = run_cli("experiment=mnist_ddp", *mnist_args(), *overrides, cwd=tmp_path)
+        assert result.returncode == 2, (overrides, result.stderr[-2000:])
+        assert message in result.stderr and "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_help_and_cfg_job(tmp_path):
