@@ -343,10 +343,12 @@ class Accelerator:
         strategy's ``no_sync`` so nothing is communicated.
         """
         self.gradient_state.advance()
+        if self.gradient_state.sync_gradients:
+            yield
+            return
         with contextlib.ExitStack() as stack:
-            if not self.gradient_state.sync_gradients:
-                for model in models:
-                    stack.enter_context(self._strategy.no_sync(model))
+            for model in models:
+                stack.enter_context(self._strategy.no_sync(model))
             yield
 
     @contextlib.contextmanager

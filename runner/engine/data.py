@@ -196,6 +196,8 @@ class PreparedDataLoader(DataLoader):
         self.seed = seed
         self.on_epoch_start = on_epoch_start
         self.device = device
+        # Decided once: the loader already yields CPU tensors, so a CPU run has nothing to move.
+        self._moves_batches = device is not None and device.type != "cpu"
         self.gradient_state = gradient_state
         self.non_blocking = non_blocking
         self.iteration = 0
@@ -253,7 +255,7 @@ class PreparedDataLoader(DataLoader):
         return len(self.dataset)
 
     def _to_device(self, batch: Any) -> Any:
-        if self.device is None:
+        if not self._moves_batches:
             return batch
         return send_to_device(batch, self.device, non_blocking=self.non_blocking)
 

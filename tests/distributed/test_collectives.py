@@ -76,3 +76,27 @@ def test_collectives_on_two_processes(launch):
         assert result["broadcast"] == [11]
         assert result["objects"] == ["from 0"]
         assert result["gather_object"] == [0, "r0", 1, "r1"]
+
+
+def _random_samplers():
+    accelerator = Accelerator()
+    dataset = TensorDataset(torch.arange(32))
+    loaders = {
+        "subset": torch.utils.data.SubsetRandomSampler(range(16, 32)),
+        "weighted": torch.utils.data.WeightedRandomSampler([1.0] * 32, num_samples=16, replacement=False),
+    }
+    seen = {}
+    for name, sampler in loaders.items():
+        loader = accelerator.prepare(DataLoader(dataset, batch_size=2, sampler=sampler))
+        seen[name] = [[int(i) for (batch,) in loader for i in batch] for _ in range(2)]  # two epochs
+    return seen
+
+
+def test_samplers_with_their_own_generator_shard_without_overlap(launch):
+    rank0, rank1 = launch(_random_samplers)
+    for name in ("subset", "weighted"):
+        for epoch in (0, 1):
+            both = rank0[name][epoch] + rank1[name][epoch]
+            assert len(both) == 16 and len(set(both)) == 16, (name, epoch)  # no sample twice, none lost
+        assert rank0[name][0] != rank0[name][1]  # a new order each epoch
+    assert set(rank0["subset"][0] + rank1["subset"][0]) == set(range(16, 32))
