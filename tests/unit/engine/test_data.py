@@ -6,21 +6,20 @@ from runner.engine import Accelerator
 from runner.engine.data import SeedableRandomSampler, ShardedBatchSampler
 
 
-def shards(n, batch_size, world, **kwargs):
-    """Every rank's batches of one epoch over range(n)."""
+def samplers(n, batch_size, world, **kwargs):
+    """One ShardedBatchSampler per rank over range(n)."""
+    options = {"drop_last": False, **kwargs}
     return [
-        list(
-            ShardedBatchSampler(
-                SequentialSampler(range(n)),
-                batch_size=batch_size,
-                drop_last=False,
-                num_processes=world,
-                process_index=rank,
-                **kwargs,
-            )
-        )
+        ShardedBatchSampler(
+            SequentialSampler(range(n)), batch_size=batch_size, num_processes=world, process_index=rank, **options
+        )  # fmt: skip
         for rank in range(world)
     ]
+
+
+def shards(n, batch_size, world, **kwargs):
+    """Every rank's batches of one epoch over range(n)."""
+    return [list(sampler) for sampler in samplers(n, batch_size, world, **kwargs)]
 
 
 def test_ranks_take_consecutive_slices_of_each_global_batch():
@@ -37,69 +36,39 @@ def test_even_batches_pad_the_last_global_batch_from_the_start(n):
     assert set(seen) == set(range(n))
     duplicates = len(seen) - n
     assert duplicates == n % 2  # the short global batch is padded only to a multiple of the world size
-    sampler = ShardedBatchSampler(SequentialSampler(range(n)), batch_size=8, drop_last=False, num_processes=2,
-                                  process_index=0)  # fmt: skip
+    sampler = samplers(n, 8, 2)[0]
     assert sampler.remainder == (n % 16 if n % 2 else -1)
     assert len(sampler) == len(batches[0])
 
 
 def test_without_even_batches_ranks_may_get_fewer_batches():
-    batches = [
-        list(
-            ShardedBatchSampler(
-                SequentialSampler(range(18)),
-                batch_size=4,
-                drop_last=False,
-                num_processes=2,
-                process_index=rank,
-                even_batches=False,
-            )
-        )  # fmt: skip
-        for rank in range(2)
+    assert shards(18, 4, 2, even_batches=False) == [
+        [[0, 1, 2, 3], [8, 9, 10, 11], [16]],
+        [[4, 5, 6, 7], [12, 13, 14, 15], [17]],
     ]
-    assert batches == [[[0, 1, 2, 3], [8, 9, 10, 11], [16]], [[4, 5, 6, 7], [12, 13, 14, 15], [17]]]
-    uneven = [
-        ShardedBatchSampler(
-            SequentialSampler(range(17)),
-            batch_size=4,
-            drop_last=False,
-            num_processes=2,
-            process_index=rank,
-            even_batches=False,
-        )  # fmt: skip
-        for rank in range(2)
-    ]
+    uneven = samplers(17, 4, 2, even_batches=False)
     assert [list(s) for s in uneven] == [[[0, 1, 2, 3], [8, 9, 10, 11], [16]], [[4, 5, 6, 7], [12, 13, 14, 15]]]
     assert [len(s) for s in uneven] == [3, 2]
 
 
 def test_drop_last_drops_the_short_global_batch():
-    samplers = [
-        ShardedBatchSampler(
-            SequentialSampler(range(20)), batch_size=4, drop_last=True, num_processes=2, process_index=rank
-        )  # fmt: skip
-        for rank in range(2)
-    ]
-    assert [list(s) for s in samplers] == [[[0, 1, 2, 3], [8, 9, 10, 11]], [[4, 5, 6, 7], [12, 13, 14, 15]]]
-    assert [len(s) for s in samplers] == [2, 2] and samplers[0].remainder == -1
+    dropping = samplers(20, 4, 2, drop_last=True)
+    assert [list(s) for s in dropping] == [[[0, 1, 2, 3], [8, 9, 10, 11]], [[4, 5, 6, 7], [12, 13, 14, 15]]]
+    assert [len(s) for s in dropping] == [2, 2] and dropping[0].remainder == -1
 
 
 def test_split_batches_divides_the_loader_batch():
-    samplers = [
-        ShardedBatchSampler(
-            SequentialSampler(range(8)),
-            batch_size=4,
-            drop_last=False,
-            num_processes=2,
-            process_index=rank,
-            split_batches=True,
-        )  # fmt: skip
-        for rank in range(2)
-    ]
-    assert [list(s) for s in samplers] == [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]
+    assert shards(8, 4, 2, split_batches=True) == [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]
     with pytest.raises(ValueError, match="batch size divisible by the 2 processes, got 3"):
-        ShardedBatchSampler(SequentialSampler(range(8)), batch_size=3, drop_last=False, num_processes=2,
-                            process_index=0, split_batches=True)  # fmt: skip
+        samplers(8, 3, 2, split_batches=True)
+
+
+def test_a_pass_can_start_mid_epoch_and_still_pad_from_the_epoch_start():
+    rank0, rank1 = samplers(21, 4, 2)
+    rank0.skip_samples = rank1.skip_samples = 8  # resume after the first global batch
+    assert [list(rank0), list(rank1)] == [[[8, 9, 10, 11], [16, 17, 18]], [[12, 13, 14, 15], [19, 20, 0]]]
+    assert rank0.num_batches(8) == 2 and rank0.remainder_after(8) == 5
+    assert list(rank0) == [[0, 1, 2, 3], [8, 9, 10, 11], [16, 17, 18]]  # the skip applied to one pass only
 
 
 def test_seeded_shuffle_is_identical_across_ranks_and_new_each_epoch():
