@@ -38,12 +38,15 @@ class DataLoaderConfiguration:
             batch, or none.
         use_seedable_sampler: Accepted for compatibility; shuffling here is always seeded, identical
             across processes and different each epoch.
+        use_stateful_dataloader: Accepted for compatibility; prepared loaders always record their
+            position in ``save_state`` and continue from it after ``load_state``.
         non_blocking: Copy batches to the GPU with ``non_blocking=True`` (pair it with pin_memory).
     """
 
     split_batches: bool = False
     even_batches: bool = True
     use_seedable_sampler: bool = True
+    use_stateful_dataloader: bool = True
     non_blocking: bool = False
 
 
