@@ -60,11 +60,6 @@ def main(cfg: DictConfig) -> float | None:
             validate(cfg)
         check_data(cfg)
         check_hardware(cfg)
-        if cfg.trainer.num_nodes > 1 and not cfg.project.project_dir:
-            raise ConfigError(
-                "trainer.num_nodes > 1 needs project.project_dir set to the same shared folder on every node, so "
-                "all nodes write one run."
-            )
         config = OmegaConf.to_container(cfg, resolve=True)
         config["project"]["project_dir"] = str(_project_dir(cfg))
         return launch(config, overrides)

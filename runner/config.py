@@ -231,6 +231,11 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(
             "trainer.num_nodes > 1 needs trainer.rdzv_endpoint=HOST:PORT, the address every node can reach."
         )
+    if cfg.trainer.num_nodes > 1 and not cfg.project.project_dir:
+        raise ConfigError(
+            "trainer.num_nodes > 1 needs project.project_dir set to the same shared folder on every node, so all "
+            "nodes write one run."
+        )
     recipe_module(cfg.recipe)
 
 

@@ -70,6 +70,10 @@ def test_mnist_ddp_runs_two_processes_with_ddp():
         (["trainer.num_processes=many"], "trainer.num_processes='many' must be a positive integer or 'auto'"),
         (["trainer.node_rank=1"], "trainer.node_rank=1 must be between 0 and trainer.num_nodes-1"),
         (["trainer.num_nodes=2", "parallel=ddp"], "trainer.num_nodes > 1 needs trainer.rdzv_endpoint=HOST:PORT"),
+        (
+            ["trainer.num_nodes=2", "parallel=ddp", "trainer.rdzv_endpoint=head:29500"],
+            "trainer.num_nodes > 1 needs project.project_dir set to the same shared folder on every node",
+        ),
         (["data.batch_size=0"], "data.batch_size=0 must be at least 1."),
         (["trainer.checkpoint_every_n_steps=0"], "trainer.checkpoint_every_n_steps=0 must be at least 1 (or null)."),
         (['data.train_split="tes[:5"'], "data.train_split='tes[:5' is not a split"),
