@@ -8,13 +8,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from runner.config import ConfigError
+from runner.engine.constants import CHECKPOINTS_DIR
+from runner.worker import CONFIG_FILE, OVERRIDES_FILE
 
 logger = logging.getLogger("runner")
-
-CHECKPOINTS = "checkpoints"
-MANIFEST = "manifest.json"
-CONFIG_FILE = "config.yaml"
-OVERRIDES_FILE = "overrides.yaml"
 
 
 def find_checkpoint(path: str, *, verify_checksums: bool = True) -> tuple[Path, Path]:
@@ -36,18 +33,20 @@ def find_checkpoint(path: str, *, verify_checksums: bool = True) -> tuple[Path, 
     if checkpoint_number(folder) is not None:
         _check_intact(folder, path, verify_checksums=verify_checksums)
         return folder.parent.parent, folder
-    if not (folder / CHECKPOINTS).is_dir():
+    if not (folder / CHECKPOINTS_DIR).is_dir():
         raise ConfigError(
             f"resume={path} is neither a checkpoint folder (checkpoint_N) nor a run folder (it has no "
-            f"{CHECKPOINTS}/ folder); pass one of those."
+            f"{CHECKPOINTS_DIR}/ folder); pass one of those."
         )
-    newest, skipped = newest_intact_checkpoint(folder / CHECKPOINTS)
+    newest, skipped = newest_intact_checkpoint(folder / CHECKPOINTS_DIR)
     for checkpoint, error in skipped:
         logger.warning("Skipping %s: %s", checkpoint.name, error)
     if newest is not None:
         _check_intact(newest, path, verify_checksums=False)  # newest_intact_checkpoint checked its files
         return folder, newest
-    raise ConfigError(f"resume={path} has no complete checkpoint in {folder / CHECKPOINTS}; start a new run instead.")
+    raise ConfigError(
+        f"resume={path} has no complete checkpoint in {folder / CHECKPOINTS_DIR}; start a new run instead."
+    )
 
 
 def _check_intact(checkpoint: Path, path: str, *, verify_checksums: bool) -> None:
