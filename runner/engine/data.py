@@ -273,9 +273,11 @@ class PreparedDataLoader(DataLoader):
         self._pass_batches = self.batch_sampler.num_batches(skip)
         self._batches_yielded = 0
         self.end_of_dataloader = self._pass_batches == 0
-        # torch draws each pass's worker seed from the loader's generator: seeded per epoch, it is the
-        # same on every rank and in a resumed run.
-        self.generator.manual_seed((self.seed + self.iteration) % 2**64)
+        # torch draws each pass's worker seed from the loader's generator. Seeded from (seed, epoch,
+        # rank), it differs between ranks (their workers augment independently) and is the same in a
+        # resumed run. 7919 and 104729 are primes: no two (epoch, rank) pairs of a real run collide.
+        rank = self.batch_sampler.process_index
+        self.generator.manual_seed((self.seed + 7919 * self.iteration + 104729 * rank) % 2**64)
         self.gradient_state.activate(self)
         try:
             for batch in super().__iter__():
