@@ -49,6 +49,8 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 def main(cfg: DictConfig) -> float | None:
     """Validate, resolve ``resume``, fix the run folder, and launch. Returns the sweep objective."""
+    from runner.data import download_missing
+    from runner.data.mnist_files import DownloadError
     from runner.engine.checkpoint import CheckpointError
     from runner.launch import WorkerFailed, launch
 
@@ -60,13 +62,15 @@ def main(cfg: DictConfig) -> float | None:
             validate(cfg)
         check_data(cfg)
         check_hardware(cfg)
+        if cfg.data.download:  # once, here, rather than racing in every worker
+            download_missing(cfg.data.name, root=cfg.data.root, splits=[cfg.data.train_split, cfg.data.eval_split])
         config = OmegaConf.to_container(cfg, resolve=True)
         config["project"]["project_dir"] = str(_project_dir(cfg))
         return launch(config, overrides)
     except ConfigError as error:
         print(f"runner: error: {error}", file=sys.stderr)
         sys.exit(USAGE_ERROR)
-    except (WorkerFailed, CheckpointError) as error:  # a checkpoint that does not fit the model, say
+    except (WorkerFailed, CheckpointError, DownloadError) as error:  # runtime failures, in one sentence
         print(f"runner: error: {error}", file=sys.stderr)
         sys.exit(RUNTIME_ERROR)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from runner.data.splits import SplitSpec, parse_split
 
-__all__ = ["SplitSpec", "build_dataset", "check_splits", "missing_files", "parse_split"]
+__all__ = ["SplitSpec", "build_dataset", "check_splits", "download_missing", "missing_files", "parse_split"]
 
 DATASETS = ("mnist",)
 
@@ -43,6 +43,21 @@ def missing_files(name: str, *, root: str, splits: list[str]) -> list[str]:
         wanted = [file for name in names for file in MNIST_FILES[name]]
         return [file for file in wanted if find_mnist_file(Path(root), file) is None]
     raise ValueError(f"data.name={name!r} is not a known dataset; use one of {', '.join(DATASETS)}.")
+
+
+def download_missing(name: str, *, root: str, splits: list[str]) -> list[Path]:
+    """Fetch (checksum-verified) the files of ``splits`` that are not under ``root``; returns those fetched.
+
+    Raises:
+        DownloadError: No mirror delivered a file with its published checksum.
+    """
+    if name != "mnist":
+        raise ValueError(f"data.name={name!r} is not a known dataset; use one of {', '.join(DATASETS)}.")
+    from runner.data.mnist_files import download_mnist
+
+    if not missing_files(name, root=root, splits=splits):
+        return []
+    return download_mnist(root, tuple(dict.fromkeys(parse_split(s).name for s in splits)))
 
 
 def build_dataset(name: str, *, root: str, split: str, download: bool = False):

@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import gzip
-import hashlib
-import logging
 import math
 import os
 import struct
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 
-from runner.data import mnist_files
-from runner.data.mnist_files import MNIST_FILES, MNIST_SHA256, find_mnist_file
+from runner.data.mnist_files import MNIST_FILES, download_mnist, find_mnist_file
 from runner.data.splits import parse_split
-
-logger = logging.getLogger(__name__)
 
 MEAN, STD = 0.1307, 0.3081
 _IDX_DTYPES = {0x08: torch.uint8, 0x09: torch.int8, 0x0B: torch.int16, 0x0C: torch.int32, 0x0D: torch.float32}
@@ -47,54 +40,6 @@ def read_idx(path: str | os.PathLike) -> torch.Tensor:
     if dtype.itemsize > 1:
         tensor = tensor.view(torch.uint8).view(-1, dtype.itemsize).flip(1).contiguous().view(dtype)  # big-endian
     return tensor.reshape(shape)
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def download_mnist(root: str | os.PathLike, splits: tuple[str, ...] = ("train", "test")) -> list[Path]:
-    """Fetch the official files of ``splits`` into ``root``, verifying each one's sha256.
-
-    Files already present with the right checksum are kept. A file is written under a temporary
-    name and renamed only once its checksum matches, so a failed download leaves nothing behind.
-    """
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    fetched = []
-    for split in splits:
-        for name in MNIST_FILES[split]:
-            target = root / name
-            if target.is_file() and sha256_of(target) == MNIST_SHA256[name]:
-                continue
-            fetched.append(_download_one(name, target))
-    return fetched
-
-
-def _download_one(name: str, target: Path) -> Path:
-    partial = target.with_name(target.name + ".part")
-    errors = []
-    for mirror in mnist_files.MIRRORS:
-        url = mirror + name
-        try:
-            logger.info("Downloading %s", url)
-            with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
-        except (urllib.error.URLError, OSError) as error:
-            errors.append(f"{url}: {error}")
-            continue
-        digest = sha256_of(partial)
-        if digest == MNIST_SHA256[name]:
-            os.replace(partial, target)
-            return target
-        errors.append(f"{url}: sha256 {digest} is not the published {MNIST_SHA256[name]}")
-    partial.unlink(missing_ok=True)
-    raise RuntimeError(f"Could not download {name} from any mirror ({'; '.join(errors)}); check your connection.")
 
 
 class MNIST(Dataset):

@@ -1,8 +1,20 @@
-"""The MNIST files: names, published checksums, mirrors, and where they may sit under a root folder."""
+"""The MNIST files: names, published checksums, mirrors, where they sit, and their download (no torch here)."""
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
+import urllib.error
+import urllib.request
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+class DownloadError(RuntimeError):
+    """No mirror delivered a file with the published checksum."""
+
 
 MNIST_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
@@ -28,3 +40,51 @@ def find_mnist_file(root: Path, gz_name: str) -> Path | None:
             if candidate.is_file():
                 return candidate
     return None
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def download_mnist(root: str | os.PathLike, splits: tuple[str, ...] = ("train", "test")) -> list[Path]:
+    """Fetch the official files of ``splits`` into ``root``, verifying each one's sha256.
+
+    Files already present with the right checksum are kept. A file is written under a temporary
+    name and renamed only once its checksum matches, so a failed download leaves nothing behind.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    fetched = []
+    for split in splits:
+        for name in MNIST_FILES[split]:
+            target = root / name
+            if target.is_file() and sha256_of(target) == MNIST_SHA256[name]:
+                continue
+            fetched.append(_download_one(name, target))
+    return fetched
+
+
+def _download_one(name: str, target: Path) -> Path:
+    partial = target.with_name(target.name + ".part")
+    errors = []
+    for mirror in MIRRORS:
+        url = mirror + name
+        try:
+            logger.info("Downloading %s", url)
+            with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+        except (urllib.error.URLError, OSError) as error:
+            errors.append(f"{url}: {error}")
+            continue
+        digest = sha256_of(partial)
+        if digest == MNIST_SHA256[name]:
+            os.replace(partial, target)
+            return target
+        errors.append(f"{url}: sha256 {digest} is not the published {MNIST_SHA256[name]}")
+    partial.unlink(missing_ok=True)
+    raise DownloadError(f"Could not download {name} from any mirror ({'; '.join(errors)}); check your connection.")

@@ -14,7 +14,8 @@ import torch
 
 import runner.data
 from runner.data import mnist_files
-from runner.data.mnist import MEAN, MNIST, STD, download_mnist, read_idx
+from runner.data.mnist import MEAN, MNIST, STD, read_idx
+from runner.data.mnist_files import download_mnist
 
 REAL_MNIST = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "mnist"
 TRAIN_IMAGES, TRAIN_LABELS = mnist_files.MNIST_FILES["train"]
@@ -356,11 +357,8 @@ def closed_port():
 
 
 def test_patched_checksums_reach_the_loader(mirror):
-    from runner.data import mnist
-
-    assert mnist.MNIST_SHA256 is mnist_files.MNIST_SHA256
     assert (
-        mnist.MNIST_SHA256[TEST_LABELS]
+        mnist_files.MNIST_SHA256[TEST_LABELS]
         == hashlib.sha256(gzip.compress(file_contents(TEST_LABELS), mtime=0)).hexdigest()
     )
 
@@ -439,3 +437,19 @@ def test_mnist_download_keeps_files_found_elsewhere(mirror, tmp_path, monkeypatc
 def test_mirror_fixture_serves_files(mirror):
     with urllib.request.urlopen(mirror + "good/" + TEST_LABELS, timeout=5) as response:
         assert gzip.decompress(response.read()) == file_contents(TEST_LABELS)
+
+
+def test_download_missing_fetches_only_what_the_splits_lack(mirror, tmp_path):
+    root = tmp_path / "partial"
+    download_mnist(root, ("test",))
+    fetched = runner.data.download_missing("mnist", root=str(root), splits=["test[:10]", "train[:5%]"])
+    assert sorted(p.name for p in fetched) == sorted([TRAIN_IMAGES, TRAIN_LABELS])
+    assert runner.data.download_missing("mnist", root=str(root), splits=["train", "test"]) == []
+
+
+def test_a_failed_download_is_a_download_error(mirror, tmp_path, monkeypatch, closed_port):
+    monkeypatch.setattr(mnist_files, "MIRRORS", (f"http://127.0.0.1:{closed_port}/",))
+    with pytest.raises(
+        mnist_files.DownloadError, match=r"Could not download .* from any mirror .*check your connection"
+    ):
+        runner.data.download_missing("mnist", root=str(tmp_path / "r"), splits=["test"])
