@@ -33,7 +33,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runner.engine import Accelerator  # noqa: E402
-from runner.engine.checkpoint import sha256_of  # noqa: E402
+from runner.engine.manifest import sha256_of  # noqa: E402
 
 
 def build_model(width: int, depth: int) -> nn.Module:

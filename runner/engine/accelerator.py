@@ -5,12 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,21 +16,9 @@ from torch.utils.hooks import RemovableHandle
 
 from runner.engine import ops
 from runner.engine.checkpoint import (
-    CheckpointError,
-    CheckpointNotFoundError,
+    Checkpointer,
     ProjectConfiguration,
-    TrainingState,
-    check_writable_target,
-    checkpoint_number,
-    checkpoints_dir,
-    committed_checkpoints,
-    engine_metadata,
     is_stateful,
-    load_training_state,
-    next_automatic_checkpoint,
-    restore_engine_metadata,
-    rotate_checkpoints,
-    save_training_state,
 )
 from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader, prepare_data_loader
 from runner.engine.distributed import DistributedType, init_process_group, read_environment
@@ -155,13 +138,7 @@ class Accelerator:
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
         self.trackers: list[GeneralTracker] = []
-        self._loaded_checkpoint: Path | None = None
-        self._committer: ThreadPoolExecutor | None = None  # rank 0's background commits (async_commit)
-        self._pending_commit: Future | None = None
-        self._commit_in_flight = False  # known on every rank; the Future lives on rank 0 only
-        # OrderedDict, not dict: torch's RemovableHandle keeps a weak reference to it.
-        self._save_state_pre_hooks: OrderedDict[int, Callable] = OrderedDict()
-        self._load_state_pre_hooks: OrderedDict[int, Callable] = OrderedDict()
+        self._checkpointer = Checkpointer()
 
     # ----------------------------------------------------------------------------------- where we run
     @property
@@ -492,18 +469,14 @@ class Accelerator:
         files the hook writes there become part of the checkpoint. Removing an entry from
         ``weights`` leaves that model out. Returns a handle whose ``remove()`` unregisters it.
         """
-        handle = RemovableHandle(self._save_state_pre_hooks)
-        self._save_state_pre_hooks[handle.id] = hook
-        return handle
+        return self._checkpointer.register(self._checkpointer.save_hooks, hook)
 
     def register_load_state_pre_hook(self, hook: Callable) -> RemovableHandle:
         """Call ``hook(models, input_dir)`` on every process before ``load_state`` reads.
 
         Removing an entry from ``models`` skips loading that model. Returns a removable handle.
         """
-        handle = RemovableHandle(self._load_state_pre_hooks)
-        self._load_state_pre_hooks[handle.id] = hook
-        return handle
+        return self._checkpointer.register(self._checkpointer.load_hooks, hook)
 
     def skip_first_batches(self, dataloader: PreparedDataLoader, num_batches: int = 0) -> PreparedDataLoader:
         """Make the next pass of a prepared loader start after its first ``num_batches`` batches.
@@ -516,16 +489,6 @@ class Accelerator:
         dataloader.skip_first_batches(num_batches)
         return dataloader
 
-    def _training_state(self, models: list[nn.Module] | None = None, weights: list | None = None) -> TrainingState:
-        return TrainingState(
-            models=models if models is not None else [self.unwrap_model(model) for model in self._models],
-            optimizers=self._optimizers,
-            schedulers=self._schedulers,
-            scaler=self.scaler,
-            custom_objects=self._custom_objects,
-            weights=weights,
-        )
-
     def save_state(
         self,
         output_dir: str | os.PathLike | None = None,
@@ -533,7 +496,7 @@ class Accelerator:
         metadata: dict[str, Any] | None = None,
         async_commit: bool = False,
     ) -> str:
-        """Save models, optimizers, schedulers, scaler, RNG states and registered objects.
+        """Save models, optimizers, schedulers, scaler, RNG states, data position and registered objects.
 
         With ``automatic_checkpoint_naming`` the folder is ``project_dir/checkpoints/checkpoint_{i}``
         and ``i`` advances after each save (past any folder already there, with a warning: nothing
@@ -541,7 +504,8 @@ class Accelerator:
         once complete. Every process must call this.
 
         Args:
-            output_dir: The folder to write (ignored under automatic naming).
+            output_dir: The folder to write (ignored under automatic naming). A folder that holds
+                anything but a checkpoint is refused, since saving replaces it whole.
             metadata: JSON-able facts to record in the manifest besides the engine's own (step,
                 epoch, data position, accumulation, world size, files with sizes and sha256).
             async_commit: Return once every rank's files are written; rank 0 hashes them, writes
@@ -554,55 +518,9 @@ class Accelerator:
 
         Raises:
             ValueError: No folder was given and naming is not automatic.
+            CheckpointError: ``output_dir`` holds something other than a checkpoint.
         """
-        self.wait_for_checkpoint()
-        config = self.project_configuration
-        if config.automatic_checkpoint_naming:
-            if output_dir is not None:
-                warnings.warn("save_state(output_dir) is ignored under automatic_checkpoint_naming.", stacklevel=2)
-            # Rank 0 picks the number and everyone writes there: the ranks can never disagree on it.
-            target = Path(
-                ops.broadcast_object_list([next_automatic_checkpoint(config) if self.is_main_process else None])[0]
-            )
-            config.iteration = checkpoint_number(target)
-        elif output_dir is None:
-            raise ValueError(
-                "save_state() needs an output_dir unless ProjectConfiguration(automatic_checkpoint_naming=True)."
-            )
-        else:
-            target = Path(output_dir)
-            check_writable_target(target)  # every rank sees the same folder, so every rank raises alike
-        models = [self.unwrap_model(model) for model in self._models]
-        weights = [model.state_dict() for model in models]
-
-        def run_hooks(staging: Path) -> None:
-            for hook in self._save_state_pre_hooks.values():
-                hook(models, weights, str(staging))
-
-        state = self._training_state(models, weights)
-        # Between syncs each rank holds gradients it has not shared yet; they are part of the state.
-        state.save_gradients = self.gradient_state.step % self.gradient_state.num_steps != 0
-        rotate = None
-        if config.automatic_checkpoint_naming and config.total_limit is not None:
-            limit, protect = config.total_limit, self._loaded_checkpoint
-            rotate = partial(rotate_checkpoints, target.parent, total_limit=limit, protect=protect)
-        if async_commit and self._committer is None:
-            self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
-        self._pending_commit = save_training_state(
-            target,
-            state,
-            rank=self.process_index,
-            world_size=self.num_processes,
-            barrier=self.wait_for_everyone,
-            iteration=config.iteration if config.automatic_checkpoint_naming else None,
-            metadata={**engine_metadata(self._dataloaders, self._optimizers, self.gradient_state), **(metadata or {})},
-            before_write=run_hooks,
-            after_commit=rotate,
-            committer=self._committer if async_commit else None,
-        )
-        self._commit_in_flight = async_commit
-        if config.automatic_checkpoint_naming:
-            config.iteration += 1
+        target = self._checkpointer.save(self, output_dir, metadata=metadata, async_commit=async_commit)
         return str(target)
 
     def wait_for_checkpoint(self) -> None:
@@ -611,19 +529,7 @@ class Accelerator:
         Every process must call this (``save_state``, ``load_state`` and ``end_training`` do): rank 0
         waits for its commit, then tells every rank how it went, so all of them raise alike.
         """
-        if not self._commit_in_flight:
-            return
-        self._commit_in_flight = False
-        pending, self._pending_commit = self._pending_commit, None
-        error = None
-        if pending is not None:
-            try:
-                pending.result()
-            except Exception as failure:  # reported to every rank below, then raised
-                error = f"Committing the last checkpoint failed: {type(failure).__name__}: {failure}"
-        error = ops.broadcast_object_list([error])[0]
-        if error is not None:
-            raise CheckpointError(error)
+        self._checkpointer.wait(self)
 
     def load_state(self, input_dir: str | os.PathLike | None = None, *, verify_checksums: bool = True) -> None:
         """Restore what :meth:`save_state` saved; every process must call this after ``prepare``.
@@ -632,39 +538,13 @@ class Accelerator:
         ``project_dir`` is loaded. After loading ``checkpoint_K`` the next automatic save is
         ``checkpoint_{K+1}``. Every file is checked against the manifest first: its size, and with
         ``verify_checksums`` (the default) its sha256, which costs one extra read of the checkpoint.
+        Prepared loaders continue from the saved data position on their next pass.
+
+        Raises:
+            CheckpointError: One sentence naming the file that is missing, truncated or corrupted,
+                or the keys of a model that does not fit.
         """
-        self.wait_for_checkpoint()
-        self.wait_for_everyone()  # a checkpoint rank 0 was still committing is now visible to every rank
-        if input_dir is None:
-            if not (self.project_configuration.automatic_checkpoint_naming and self.project_dir):
-                raise ValueError("load_state() needs an input_dir unless automatic_checkpoint_naming is on.")
-            found = committed_checkpoints(checkpoints_dir(self.project_dir))
-            if not found:
-                raise CheckpointNotFoundError(f"No complete checkpoint in {checkpoints_dir(self.project_dir)} to load.")
-            input_dir = found[-1]
-        checkpoint = Path(input_dir)
-        models = [self.unwrap_model(model) for model in self._models]
-        for hook in self._load_state_pre_hooks.values():
-            hook(models, str(checkpoint))
-        manifest = load_training_state(
-            checkpoint,
-            self._training_state(models),
-            rank=self.process_index,
-            world_size=self.num_processes,
-            accumulation_steps=self.gradient_state.num_steps,
-            verify_checksums=verify_checksums,
-        )
-        restore_engine_metadata(manifest, checkpoint, self._dataloaders, self._optimizers, self.gradient_state)
-        if manifest["world_size"] != self.num_processes:
-            warnings.warn(
-                f"{checkpoint.name} was saved by {manifest['world_size']} process(es) and is loaded by "
-                f"{self.num_processes}: the data continues exactly, random streams are re-derived per rank.",
-                stacklevel=2,
-            )
-        self._loaded_checkpoint = checkpoint
-        number = checkpoint_number(checkpoint)
-        if self.project_configuration.automatic_checkpoint_naming and number is not None:
-            self.project_configuration.iteration = number + 1
+        self._checkpointer.load(self, input_dir, verify_checksums=verify_checksums)
 
     # ---------------------------------------------------------------------------------------- trackers
     def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:

@@ -9,20 +9,22 @@ after the new one is committed, and never the one this run was loaded from.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
-import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
+from runner.engine import manifest as manifests
 from runner.engine.constants import (
     CHECKPOINT_PREFIX,
     CHECKPOINTS_DIR,
@@ -36,19 +38,10 @@ from runner.engine.constants import (
     SCALER_NAME,
     SCHEDULER_NAME,
 )
+from runner.engine.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
+from runner.engine.ops import broadcast_object_list
 from runner.engine.rng import get_rng_state, set_rng_state, set_seed
 from runner.engine.serialization import load_safetensors, save_safetensors
-
-MANIFEST_FORMAT = 2
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded: incomplete, damaged, or of other objects. One sentence."""
-
-
-class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
-    """The checkpoint folder does not exist."""
-
 
 _CHECKPOINT_RE = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
 
@@ -140,7 +133,7 @@ def next_automatic_checkpoint(config: ProjectConfiguration) -> Path:
         warnings.warn(
             f"{directory / f'{CHECKPOINT_PREFIX}{number}'} is taken (the newest is {CHECKPOINT_PREFIX}{newest}); "
             f"saving as {CHECKPOINT_PREFIX}{newest + 1} so nothing is overwritten.",
-            stacklevel=3,
+            stacklevel=5,  # the caller of Accelerator.save_state
         )
         number = newest + 1
     return directory / f"{CHECKPOINT_PREFIX}{number}"
@@ -237,7 +230,7 @@ def save_training_state(
     barrier()  # every rank's files are on disk before the manifest lists them
 
     def commit() -> None:
-        _write_manifest(staging, world_size=world_size, iteration=iteration, metadata=metadata or {})
+        manifests.write_manifest(staging, world_size=world_size, iteration=iteration, metadata=metadata or {})
         _commit(staging, target)
         if after_commit is not None:
             after_commit()
@@ -275,38 +268,6 @@ def _gradients(models: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
         for name, parameter in model.named_parameters()
         if parameter.grad is not None
     }
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)  # hashlib releases the GIL on large chunks: files hash in parallel
-    return digest.hexdigest()
-
-
-def _hash_files(paths: list[Path]) -> list[str]:
-    if len(paths) <= 1:
-        return [sha256_of(p) for p in paths]
-    with ThreadPoolExecutor(max_workers=min(8, len(paths))) as pool:
-        return list(pool.map(sha256_of, paths))
-
-
-def _write_manifest(staging: Path, *, world_size: int, iteration: int | None, metadata: dict[str, Any]) -> None:
-    paths = [p for p in sorted(staging.iterdir()) if p.is_file()]
-    digests = _hash_files(paths)
-    files = {p.name: {"bytes": p.stat().st_size, "sha256": d} for p, d in zip(paths, digests, strict=True)}
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "iteration": iteration,
-        "world_size": world_size,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        **metadata,
-        "files": files,
-    }
-    partial = staging / (MANIFEST_NAME + ".tmp")
-    partial.write_text(json.dumps(manifest, indent=2))
-    os.replace(partial, staging / MANIFEST_NAME)
 
 
 def check_writable_target(target: Path) -> None:
@@ -376,46 +337,6 @@ def rotate_checkpoints(directory: Path, *, total_limit: int, protect: Path | Non
     for path in deleted:
         shutil.rmtree(path)
     return deleted
-
-
-def read_manifest(checkpoint: Path, *, verify_checksums: bool = True) -> dict[str, Any]:
-    """The checkpoint's manifest, after checking every file it lists: present, complete, unchanged.
-
-    Raises:
-        CheckpointNotFoundError: The folder does not exist.
-        CheckpointError: One sentence naming the first file that is missing, truncated or altered.
-    """
-    if not checkpoint.is_dir():
-        raise CheckpointNotFoundError(f"Checkpoint folder {checkpoint} does not exist; check the path.")
-    manifest_path = checkpoint / MANIFEST_NAME
-    if not manifest_path.is_file():
-        raise CheckpointError(
-            f"{checkpoint} is not a complete checkpoint (it has no {MANIFEST_NAME}); it was not fully "
-            "written, so load a different checkpoint."
-        )
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        files = {name: (int(entry["bytes"]), str(entry["sha256"])) for name, entry in manifest["files"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise CheckpointError(f"{manifest_path} is corrupted; load a different checkpoint.") from None
-    for name, (size, _) in files.items():
-        path = checkpoint / name
-        if not path.is_file():
-            raise CheckpointError(f"{path} is missing from the checkpoint; load a different checkpoint.")
-        if path.stat().st_size != size:
-            raise CheckpointError(
-                f"{path} has {path.stat().st_size} bytes but the manifest says {size}; the file is "
-                "truncated or was changed, so load a different checkpoint."
-            )
-    if verify_checksums:
-        names = list(files)
-        for name, digest in zip(names, _hash_files([checkpoint / n for n in names]), strict=True):
-            if digest != files[name][1]:
-                raise CheckpointError(
-                    f"{checkpoint / name} does not match its sha256 in the manifest; the file is corrupted, so "
-                    "load a different checkpoint."
-                )
-    return manifest
 
 
 def load_training_state(
@@ -513,3 +434,144 @@ def _load_each(checkpoint: Path, objects: Sequence[Any], stem: str, suffix: str,
         if name not in files:
             raise CheckpointError(f"{checkpoint} has no {name}; prepare the same objects as the run that saved it.")
         obj.load_state_dict(_torch_load(checkpoint / name))
+
+
+class Checkpointer:
+    """``save_state``/``load_state`` of one Accelerator: its hooks, naming, commits (also in the
+    background), rotation, and the checkpoint it loaded. The Accelerator's verbs delegate here."""
+
+    def __init__(self) -> None:
+        # OrderedDict, not dict: torch's RemovableHandle keeps a weak reference to it.
+        self.save_hooks: OrderedDict[int, Callable] = OrderedDict()
+        self.load_hooks: OrderedDict[int, Callable] = OrderedDict()
+        self.loaded: Path | None = None
+        self._committer: ThreadPoolExecutor | None = None  # rank 0's background commits
+        self._pending: Future | None = None  # on rank 0 only
+        self._in_flight = False  # known on every rank
+
+    @staticmethod
+    def register(hooks: OrderedDict, hook: Callable) -> RemovableHandle:
+        handle = RemovableHandle(hooks)
+        hooks[handle.id] = hook
+        return handle
+
+    def _state(self, accelerator, models: list, weights: list | None = None) -> TrainingState:
+        return TrainingState(
+            models=models,
+            optimizers=accelerator._optimizers,
+            schedulers=accelerator._schedulers,
+            scaler=accelerator.scaler,
+            custom_objects=accelerator._custom_objects,
+            weights=weights,
+        )
+
+    def _target(self, accelerator, output_dir: str | os.PathLike | None) -> Path:
+        config = accelerator.project_configuration
+        if config.automatic_checkpoint_naming:
+            if output_dir is not None:
+                warnings.warn("save_state(output_dir) is ignored under automatic_checkpoint_naming.", stacklevel=4)
+            # Rank 0 picks the number and everyone writes there: the ranks can never disagree on it.
+            chosen = next_automatic_checkpoint(config) if accelerator.is_main_process else None
+            target = Path(broadcast_object_list([chosen])[0])
+            config.iteration = checkpoint_number(target)
+            return target
+        if output_dir is None:
+            raise ValueError(
+                "save_state() needs an output_dir unless ProjectConfiguration(automatic_checkpoint_naming=True)."
+            )
+        target = Path(output_dir)
+        check_writable_target(target)  # every rank sees the same folder, so every rank raises alike
+        return target
+
+    def save(self, accelerator, output_dir, *, metadata: dict[str, Any] | None, async_commit: bool) -> Path:
+        self.wait(accelerator)
+        config = accelerator.project_configuration
+        target = self._target(accelerator, output_dir)
+        models = [accelerator.unwrap_model(model) for model in accelerator._models]
+        weights = [model.state_dict() for model in models]
+
+        def run_hooks(staging: Path) -> None:
+            for hook in self.save_hooks.values():
+                hook(models, weights, str(staging))
+
+        state = self._state(accelerator, models, weights)
+        gradient_state = accelerator.gradient_state
+        # Between syncs each rank holds gradients it has not shared yet; they are part of the state.
+        state.save_gradients = gradient_state.step % gradient_state.num_steps != 0
+        rotate = None
+        if config.automatic_checkpoint_naming and config.total_limit is not None:
+            rotate = partial(rotate_checkpoints, target.parent, total_limit=config.total_limit, protect=self.loaded)
+        if async_commit and self._committer is None:
+            self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
+        facts = engine_metadata(accelerator._dataloaders, accelerator._optimizers, gradient_state)
+        self._pending = save_training_state(
+            target,
+            state,
+            rank=accelerator.process_index,
+            world_size=accelerator.num_processes,
+            barrier=accelerator.wait_for_everyone,
+            iteration=config.iteration if config.automatic_checkpoint_naming else None,
+            metadata={**facts, **(metadata or {})},
+            before_write=run_hooks,
+            after_commit=rotate,
+            committer=self._committer if async_commit else None,
+        )
+        self._in_flight = async_commit
+        if config.automatic_checkpoint_naming:
+            config.iteration += 1
+        return target
+
+    def wait(self, accelerator) -> None:
+        """Rank 0 waits for its background commit, then every rank learns how it went and raises alike."""
+        if not self._in_flight:
+            return
+        self._in_flight = False
+        pending, self._pending = self._pending, None
+        error = None
+        if pending is not None:
+            try:
+                pending.result()
+            except Exception as failure:  # reported to every rank below, then raised
+                error = f"Committing the last checkpoint failed: {type(failure).__name__}: {failure}"
+        error = broadcast_object_list([error])[0]
+        if error is not None:
+            raise CheckpointError(error)
+
+    def load(self, accelerator, input_dir, *, verify_checksums: bool) -> None:
+        self.wait(accelerator)
+        accelerator.wait_for_everyone()  # a checkpoint rank 0 was still committing is now visible to all
+        config = accelerator.project_configuration
+        if input_dir is None:
+            if not (config.automatic_checkpoint_naming and config.project_dir):
+                raise ValueError("load_state() needs an input_dir unless automatic_checkpoint_naming is on.")
+            found = committed_checkpoints(checkpoints_dir(config.project_dir))
+            if not found:
+                raise CheckpointNotFoundError(
+                    f"No complete checkpoint in {checkpoints_dir(config.project_dir)} to load."
+                )
+            input_dir = found[-1]
+        checkpoint = Path(input_dir)
+        models = [accelerator.unwrap_model(model) for model in accelerator._models]
+        for hook in self.load_hooks.values():
+            hook(models, str(checkpoint))
+        manifest = load_training_state(
+            checkpoint,
+            self._state(accelerator, models),
+            rank=accelerator.process_index,
+            world_size=accelerator.num_processes,
+            accumulation_steps=accelerator.gradient_state.num_steps,
+            verify_checksums=verify_checksums,
+        )
+        restore_engine_metadata(
+            manifest, checkpoint, accelerator._dataloaders, accelerator._optimizers, accelerator.gradient_state
+        )
+        if manifest["world_size"] != accelerator.num_processes:
+            warnings.warn(
+                f"{checkpoint.name} was saved by {manifest['world_size']} process(es) and is loaded by "
+                f"{accelerator.num_processes}: the data continues exactly, random streams are re-derived per rank.",
+                stacklevel=3,  # the caller of Accelerator.load_state
+            )
+        self.loaded = checkpoint
+        number = checkpoint_number(checkpoint)
+        if config.automatic_checkpoint_naming and number is not None:
+            config.iteration = number + 1

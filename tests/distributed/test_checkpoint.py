@@ -93,12 +93,12 @@ def test_async_commits_on_two_processes(launch, tmp_path):
 
 
 def _failed_async_commit(project_dir):
-    import runner.engine.checkpoint as checkpoint_module
+    import runner.engine.manifest as manifest_module
 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    checkpoint_module._write_manifest = disk_full
+    manifest_module.write_manifest = disk_full
     accelerator, *_ = _build(project_dir)
     accelerator.save_state(async_commit=True)
     try:

@@ -221,16 +221,16 @@ def test_save_and_load_pre_hooks(tmp_path):
 def test_async_commit_returns_before_the_commit_and_every_wait_completes_it(tmp_path, monkeypatch):
     import threading
 
-    import runner.engine.checkpoint as checkpoint_module
+    import runner.engine.manifest as manifest_module
 
     release = threading.Event()
-    write_manifest = checkpoint_module._write_manifest
+    write_manifest = manifest_module.write_manifest
 
     def slow_manifest(*args, **kwargs):
         release.wait(timeout=30)  # the commit cannot finish before the test lets it
         write_manifest(*args, **kwargs)
 
-    monkeypatch.setattr(checkpoint_module, "_write_manifest", slow_manifest)
+    monkeypatch.setattr(manifest_module, "write_manifest", slow_manifest)
     accelerator, model, *_ = build(tmp_path, total_limit=2)
     folder = Path(accelerator.save_state(async_commit=True))
     assert not folder.exists() and (tmp_path / "checkpoints" / "checkpoint_0.incomplete").is_dir()
@@ -245,7 +245,7 @@ def test_async_commit_returns_before_the_commit_and_every_wait_completes_it(tmp_
 
 
 def test_a_failed_background_commit_surfaces_and_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
-    import runner.engine.checkpoint as checkpoint_module
+    import runner.engine.manifest as manifest_module
 
     accelerator = build(tmp_path)[0]
     accelerator.save_state()
@@ -253,7 +253,7 @@ def test_a_failed_background_commit_surfaces_and_leaves_the_previous_checkpoint(
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpoint_module, "_write_manifest", disk_full)
+    monkeypatch.setattr(manifest_module, "write_manifest", disk_full)
     accelerator.save_state(async_commit=True)
     with pytest.raises(CheckpointError, match="Committing the last checkpoint failed: OSError: .*No space left"):
         accelerator.wait_for_checkpoint()
