@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,7 +39,7 @@ from runner.engine.precision import (
     remove_autocast,
 )
 from runner.engine.rng import synchronize_rng_states
-from runner.engine.serialization import save_model_files
+from runner.engine.serialization import save_model_files, save_safetensors
 from runner.engine.tracking import GeneralTracker, build_trackers
 
 _SCHEDULER_TYPES = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
@@ -416,6 +418,53 @@ class Accelerator:
         if is_first:
             self.wait_for_everyone()
 
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Give each process its contiguous share of ``inputs`` (list, tuple, tensor, or dict of them).
+
+        Example:
+            >>> with accelerator.split_between_processes(prompts) as mine:
+            ...     outputs = [generate(prompt) for prompt in mine]
+        """
+        yield ops.split_between_processes(
+            inputs, num_processes=self.num_processes, process_index=self.process_index, apply_padding=apply_padding
+        )
+
+    def on_main_process(self, function: Callable) -> Callable:
+        """Decorate ``function`` to run on the main process only (elsewhere it returns None)."""
+        return _only_when(function, lambda: self.is_main_process)
+
+    def on_local_main_process(self, function: Callable) -> Callable:
+        """Decorate ``function`` to run on each node's main process only."""
+        return _only_when(function, lambda: self.is_local_main_process)
+
+    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
+        """Decorate ``function`` to run on process ``process_index`` only."""
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        return _only_when(function, lambda: self.process_index == process_index)
+
+    def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None) -> Callable:
+        """Decorate ``function`` to run on local process ``local_process_index`` of each node only."""
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        return _only_when(function, lambda: self.local_process_index == local_process_index)
+
+    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+        """Save ``obj`` to ``f`` on the main process only, atomically: a crash leaves the previous file.
+
+        With ``safe_serialization`` ``obj`` must be a dict of tensors, written as safetensors.
+        """
+        if not self.is_main_process:
+            return
+        path = Path(f)
+        partial_path = path.with_name(path.name + ".tmp")
+        if safe_serialization:
+            save_safetensors(obj, partial_path)
+        else:
+            torch.save(obj, partial_path)
+        os.replace(partial_path, path)
+
     def print(self, *args, **kwargs) -> None:
         """``print`` on the main process only."""
         if self.is_main_process:
@@ -597,3 +646,11 @@ class Accelerator:
             f"Accelerator(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
             f"process_index={self.process_index}, device={self.device}, mixed_precision={self.mixed_precision})"
         )
+
+
+def _only_when(function: Callable, condition: Callable[[], bool]) -> Callable:
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        return function(*args, **kwargs) if condition() else None
+
+    return wrapper

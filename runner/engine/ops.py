@@ -167,3 +167,30 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
 def truncate(data: Any, length: int) -> Any:
     """Keep the first ``length`` items of every tensor in ``data`` (used to drop padding samples)."""
     return recursively_apply(lambda t: t[:length], data)
+
+
+def split_between_processes(inputs: Any, *, num_processes: int, process_index: int, apply_padding: bool = False):
+    """This process's contiguous share of ``inputs`` (a list, tuple, tensor, or dict of them).
+
+    The first ``len % num_processes`` processes get one item more. With ``apply_padding`` the
+    shorter shares repeat their last item (the input's last item if a share is empty), so every
+    process gets as many and the results can be gathered; drop the padding after gathering.
+    """
+    if isinstance(inputs, Mapping):
+        if len({len(value) for value in inputs.values()}) > 1:
+            raise ValueError("split_between_processes needs the values of a dict to have the same length.")
+        return type(inputs)(
+            {
+                key: split_between_processes(
+                    value, num_processes=num_processes, process_index=process_index, apply_padding=apply_padding
+                )
+                for key, value in inputs.items()
+            }
+        )
+    base, extra = divmod(len(inputs), num_processes)
+    start = process_index * base + min(process_index, extra)
+    share = inputs[start : start + base + (process_index < extra)]
+    if apply_padding and extra and process_index >= extra and len(inputs):
+        last = share[-1:] if len(share) else inputs[-1:]
+        share = torch.cat([share, last]) if isinstance(share, torch.Tensor) else share + type(share)(last)
+    return share

@@ -100,3 +100,20 @@ def test_samplers_with_their_own_generator_shard_without_overlap(launch):
             assert len(both) == 16 and len(set(both)) == 16, (name, epoch)  # no sample twice, none lost
         assert rank0[name][0] != rank0[name][1]  # a new order each epoch
     assert set(rank0["subset"][0] + rank1["subset"][0]) == set(range(16, 32))
+
+
+def _split_and_decorators():
+    accelerator = Accelerator()
+    with accelerator.split_between_processes(list(range(5)), apply_padding=True) as mine:
+        gathered = accelerator.gather(torch.tensor(mine))
+    ran = accelerator.on_process(lambda: accelerator.process_index, process_index=1)()
+    main = accelerator.on_main_process(lambda: "main")()
+    return mine, gathered.tolist(), ran, main
+
+
+def test_split_between_processes_and_process_decorators_on_two_processes(launch):
+    rank0, rank1 = launch(_split_and_decorators)
+    assert rank0[0] == [0, 1, 2] and rank1[0] == [3, 4, 4]  # padded so both can be gathered
+    assert rank0[1] == rank1[1] == [0, 1, 2, 3, 4, 4]
+    assert (rank0[2], rank1[2]) == (None, 1)
+    assert (rank0[3], rank1[3]) == ("main", None)

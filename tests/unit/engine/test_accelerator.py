@@ -115,3 +115,49 @@ def test_prepared_loader_batches_and_lengths():
     data = accelerator.prepare(DataLoader(TensorDataset(torch.arange(10)), batch_size=4))
     assert len(data) == 3 and data.total_batch_size == 4
     assert [b[0].tolist() for b in data] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_split_between_processes_gives_contiguous_shares():
+    from runner.engine.ops import split_between_processes
+
+    def shares(inputs, world, **kwargs):
+        return [split_between_processes(inputs, num_processes=world, process_index=r, **kwargs) for r in range(world)]
+
+    assert shares(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert shares(list(range(7)), 3, apply_padding=True) == [[0, 1, 2], [3, 4, 4], [5, 6, 6]]
+    assert shares(["a"], 2, apply_padding=True) == [["a"], ["a"]]
+    tensors = shares(torch.arange(5), 2, apply_padding=True)
+    assert [t.tolist() for t in tensors] == [[0, 1, 2], [3, 4, 4]]
+    assert shares({"x": [1, 2, 3], "y": "abc"}, 2) == [{"x": [1, 2], "y": "ab"}, {"x": [3], "y": "c"}]
+    with pytest.raises(ValueError, match="the values of a dict to have the same length"):
+        shares({"x": [1], "y": [1, 2]}, 2)
+    accelerator = Accelerator()
+    with accelerator.split_between_processes([1, 2, 3]) as mine:
+        assert mine == [1, 2, 3]  # one process gets everything
+
+
+def test_process_decorators_and_atomic_save(tmp_path):
+    accelerator = Accelerator()
+    calls = []
+
+    @accelerator.on_main_process
+    def main_only(value):
+        calls.append(("main", value))
+        return value
+
+    @accelerator.on_process(process_index=1)
+    def second_only():
+        calls.append("second")
+
+    assert main_only(3) == 3 and second_only() is None
+    assert accelerator.on_local_process(lambda: "local", local_process_index=0)() == "local"
+    assert accelerator.on_local_main_process(lambda: "node")() == "node"
+    assert calls == [("main", 3)]
+
+    accelerator.save({"step": 3}, tmp_path / "state.pt")
+    assert torch.load(tmp_path / "state.pt", weights_only=True) == {"step": 3}
+    accelerator.save({"w": torch.ones(2)}, tmp_path / "w.safetensors", safe_serialization=True)
+    from safetensors.torch import load_file
+
+    assert torch.equal(load_file(tmp_path / "w.safetensors")["w"], torch.ones(2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt", "w.safetensors"]  # no temporary file left
