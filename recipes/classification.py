@@ -58,13 +58,13 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float:
         )
     model = instantiate(cfg.model)
     optimizer = build_optimizer(cfg.optimizer, model.parameters())
-    shuffle_seed = torch.Generator().manual_seed(cfg.seed)
+    shuffle = torch.Generator().manual_seed(cfg.seed)  # the prepared loader shuffles from its seed
     train_loader = DataLoader(
         train_set,
         batch_size=cfg.data.batch_size,
         shuffle=True,
         num_workers=cfg.data.num_workers,
-        generator=shuffle_seed,
+        generator=shuffle,
     )
     eval_loader = DataLoader(eval_set, batch_size=cfg.data.eval_batch_size, num_workers=cfg.data.num_workers)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)

@@ -166,6 +166,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"
 
+    # Optimizer's own pickling expects the attributes its __init__ sets, which this view never calls.
     def __getstate__(self):
         return self.__dict__
 
