@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,8 +21,10 @@ from runner.engine.checkpoint import (
     ProjectConfiguration,
     is_stateful,
 )
+from runner.engine.constants import MIXED_PRECISION_ENV
 from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader, prepare_data_loader
 from runner.engine.distributed import DistributedType, init_process_group, read_environment
+from runner.engine.memory import release_memory
 from runner.engine.optimizer import (
     AcceleratedOptimizer,
     AcceleratedScheduler,
@@ -122,6 +123,8 @@ class Accelerator:
         self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
         self.log_with = log_with
 
+        if mixed_precision is None:  # as set by notebook_launcher(mixed_precision=...)
+            mixed_precision = os.environ.get(MIXED_PRECISION_ENV) or None
         precision = parse_mixed_precision(mixed_precision)
         self._precision = Precision(
             precision,
@@ -294,6 +297,7 @@ class Accelerator:
             config=self.dataloader_config,
             broadcast_seed=lambda seed: ops.broadcast_object_list([seed])[0],
             on_epoch_start=self._on_epoch_start if self._syncs_rng() else None,
+            comm_device=self.device if self.state.backend == "nccl" else torch.device("cpu"),
         )
         self._dataloaders.append(prepared)
         return prepared
@@ -319,10 +323,10 @@ class Accelerator:
 
         Gradients sync (and prepared optimizers step) every ``gradient_accumulation_steps``
         micro-steps and at the last batch of the loader; in between, backward runs under the
-        strategy's ``no_sync`` so nothing is communicated.
+        strategy's ``no_sync`` so nothing is communicated (unless the plugin's ``sync_each_batch``).
         """
         self.gradient_state.advance()
-        if self.gradient_state.sync_gradients:
+        if self.gradient_state.sync_gradients or self.gradient_state.sync_each_batch:
             yield
             return
         with contextlib.ExitStack() as stack:
@@ -634,9 +638,7 @@ class Accelerator:
         self._schedulers.clear()
         self._dataloaders.clear()
         self._custom_objects.clear()
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release_memory()
         return [None] * len(objects)
 
     clear = free_memory

@@ -1,21 +1,24 @@
 """Sharded data loading: distinct samples per rank, seeded shuffling, even batch counts.
 
-The sampler's index stream is cut into *global batches* of ``batch_size * num_processes`` indices
-(or ``batch_size`` with ``split_batches``); rank ``r`` takes the r-th slice of each. At every step the
-ranks together see exactly the batch one process would see with the global batch size, which is what
-makes N processes x batch b equal to 1 process x batch N*b.
+The data is cut into *global batches* of ``batch_size * num_processes`` samples (or ``batch_size``
+with ``split_batches``); rank ``r`` takes the r-th slice of each. At every step the ranks together see
+exactly the batch one process would see with the global batch size, which is what makes N processes
+x batch b equal to 1 process x batch N*b.
 
 The last global batch may be short. With ``even_batches`` (the default) it is padded with samples
 from the start of the epoch to the next multiple of ``num_processes`` and split evenly, so every rank
 runs the same number of steps; ``gather_for_metrics`` drops the padding again, because the gathered
 slices concatenate back into the padded global batch in rank order.
+
+Map-style datasets are sharded by index (each rank loads only its samples). Iterable datasets, and
+any dataset with ``dispatch_batches``, go through :mod:`runner.engine.dispatch`, with the same
+global batches, padding and positions.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +36,9 @@ class DataLoaderConfiguration:
     Args:
         split_batches: The loader's ``batch_size`` is the global batch, split across processes
             (it must divide evenly). Otherwise each process gets batches of ``batch_size``.
+        dispatch_batches: Rank 0 loads each global batch and sends every rank its slice; the other
+            ranks never touch the dataset. None (the default) means on for iterable datasets and
+            off for map-style ones.
         even_batches: Pad the last global batch with samples from the start of the epoch so every
             process runs the same number of steps. Without it some processes may get a smaller last
             batch, or none.
@@ -44,10 +50,84 @@ class DataLoaderConfiguration:
     """
 
     split_batches: bool = False
+    dispatch_batches: bool | None = None
     even_batches: bool = True
     use_seedable_sampler: bool = True
     use_stateful_dataloader: bool = True
     non_blocking: bool = False
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How each global batch is split across processes: the arithmetic every sharded loader shares."""
+
+    per_process: int
+    num_processes: int
+    process_index: int
+    drop_last: bool = False
+    even_batches: bool = True
+
+    @classmethod
+    def create(cls, batch_size: int, *, num_processes: int, split_batches: bool, **options: Any) -> Sharding:
+        if split_batches and batch_size % num_processes:
+            raise ValueError(
+                f"split_batches=True needs a batch size divisible by the {num_processes} processes, "
+                f"got {batch_size}; change the batch size or turn split_batches off."
+            )
+        per_process = batch_size // num_processes if split_batches else batch_size
+        return cls(per_process, num_processes, **options)
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.per_process * self.num_processes
+
+    def rank_slice(self, batch, rank: int | None = None):
+        """A rank's share of a global batch: consecutive slices of ``ceil(len / num_processes)``.
+
+        Indices and collated batches are split alike, so every way of sharding splits a short last
+        batch the same way (when it is not padded, the last ranks may get fewer items, or none).
+        """
+        rank = self.process_index if rank is None else rank
+        size = -(-len(batch) // self.num_processes)
+        return batch[rank * size : (rank + 1) * size]
+
+    def last_batch(self, batch: list, head: list) -> list | None:
+        """The short last global batch as handed out: dropped, as is, or padded with the epoch's start.
+
+        ``head`` is the epoch's first global batch; if the epoch had no full one, the short batch
+        pads itself. Padding stops at the next multiple of ``num_processes``.
+        """
+        if self.drop_last:
+            return None
+        if not self.even_batches:
+            return batch
+        filler = head + batch if len(head) == self.global_batch_size else batch
+        return batch + [filler[i % len(filler)] for i in range(-len(batch) % self.num_processes)]
+
+    def remainder(self, total: int) -> int:
+        """Real samples in the padded last global batch of a pass over ``total`` samples, or -1."""
+        short = total % self.global_batch_size
+        padded = short and not self.drop_last and self.even_batches and short % self.num_processes
+        return short if padded else -1
+
+    def global_rows(self, total: int) -> list[int]:
+        """The length of each global batch of a pass over ``total`` samples, padding included."""
+        full, short = divmod(max(total, 0), self.global_batch_size)
+        rows = [self.global_batch_size] * full
+        if short and not self.drop_last:
+            rows.append(short + (-short % self.num_processes if self.even_batches else 0))
+        return rows
+
+    def num_batches(self, total: int) -> int:
+        """This rank's batches in a pass over ``total`` samples."""
+        rows = self.global_rows(total)
+        if rows and rows[-1] < self.global_batch_size and not self.rank_slice(range(rows[-1])):
+            return len(rows) - 1
+        return len(rows)
+
+    def rank_items(self, total: int) -> int:
+        """This rank's samples in a pass over ``total`` samples, padding included."""
+        return sum(len(self.rank_slice(range(rows))) for rows in self.global_rows(total))
 
 
 class SeedableRandomSampler(Sampler[int]):
@@ -83,34 +163,35 @@ class SeedableRandomSampler(Sampler[int]):
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
-    """Yields this rank's slice of each global batch of the wrapped sampler's indices."""
+    """Yields this rank's slice of each global batch of the wrapped sampler's indices.
+
+    Give either ``sharding`` or the settings it is made of.
+    """
 
     def __init__(
         self,
         sampler: Sampler[int],
         *,
-        batch_size: int,
-        drop_last: bool,
-        num_processes: int,
-        process_index: int,
+        sharding: Sharding | None = None,
+        batch_size: int = 1,
+        drop_last: bool = False,
+        num_processes: int = 1,
+        process_index: int = 0,
         split_batches: bool = False,
         even_batches: bool = True,
     ) -> None:
-        if split_batches:
-            if batch_size % num_processes:
-                raise ValueError(
-                    f"split_batches=True needs a batch size divisible by the {num_processes} processes, "
-                    f"got {batch_size}; change the batch size or turn split_batches off."
-                )
-            self.per_process = batch_size // num_processes
-        else:
-            self.per_process = batch_size
+        self.sharding = sharding or Sharding.create(
+            batch_size,
+            num_processes=num_processes,
+            split_batches=split_batches,
+            process_index=process_index,
+            drop_last=drop_last,
+            even_batches=even_batches,
+        )
         self.sampler = sampler
-        self.drop_last = drop_last
-        self.num_processes = num_processes
-        self.process_index = process_index
-        self.even_batches = even_batches
-        self.global_batch_size = self.per_process * num_processes
+        self.process_index = self.sharding.process_index
+        self.per_process = self.sharding.per_process
+        self.global_batch_size = self.sharding.global_batch_size
         self.skip_samples = 0  # applies to the next pass only
         self.seed: int | None = None  # reseeds a sampler's own generator each epoch (see set_epoch)
 
@@ -123,17 +204,15 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
     def remainder_after(self, skipped: int) -> int:
         """Real samples in the padded last global batch of a pass that skips ``skipped`` samples, or -1."""
-        short = (len(self.sampler) - skipped) % self.global_batch_size
-        padded = short and not self.drop_last and self.even_batches and short % self.num_processes
-        return short if padded else -1
+        return self.sharding.remainder(len(self.sampler) - skipped)
 
     @property
     def remainder(self) -> int:
         return self.remainder_after(0)
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def global_batches(self) -> Iterator[list[int]]:
+        """Every rank's indices of each step together: the global batches, the short last one padded."""
         skip, self.skip_samples = self.skip_samples, 0
-        rank, size = self.process_index, self.per_process
         indices = iter(self.sampler)
         # The epoch's first global batch pads its short last one, also in a pass that resumes mid-epoch,
         # so an interrupted epoch sees exactly the samples of an uninterrupted one.
@@ -143,31 +222,19 @@ class ShardedBatchSampler(Sampler[list[int]]):
         for index in itertools.islice(itertools.chain(head, indices), skip, None):
             batch.append(index)
             if len(batch) == self.global_batch_size:
-                yield batch[rank * size : (rank + 1) * size]
+                yield batch
                 batch = []
-        if batch and not self.drop_last:
-            yield from self._last_batch(batch, head)
+        if batch and (last := self.sharding.last_batch(batch, head)):
+            yield last
 
-    def _last_batch(self, batch: list[int], head: list[int]) -> Iterator[list[int]]:
-        if self.num_processes == 1:
-            yield batch
-            return
-        size = math.ceil(len(batch) / self.num_processes)
-        if self.even_batches:
-            filler = head + batch if len(head) == self.global_batch_size else batch
-            batch = batch + [filler[i % len(filler)] for i in range(size * self.num_processes - len(batch))]
-        mine = batch[self.process_index * size : (self.process_index + 1) * size]
-        if mine:
-            yield mine
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.global_batches():
+            if mine := self.sharding.rank_slice(batch):
+                yield mine
 
     def num_batches(self, skipped: int = 0) -> int:
         """This rank's batches in a pass that skips the epoch's first ``skipped`` samples."""
-        full, short = divmod(max(len(self.sampler) - skipped, 0), self.global_batch_size)
-        if not short or self.drop_last:
-            return full
-        if self.even_batches or self.num_processes == 1:
-            return full + 1
-        return full + int(self.process_index * math.ceil(short / self.num_processes) < short)
+        return self.sharding.num_batches(len(self.sampler) - skipped)
 
     def __len__(self) -> int:
         return self.num_batches(0)
@@ -182,6 +249,8 @@ class PreparedDataLoader(DataLoader):
     uninterrupted run, which keeps resume exact. Each full pass advances the epoch, which reseeds
     the shuffle (and the loader's own generator, whose draw seeds the worker processes);
     ``set_epoch`` sets it.
+
+    Subclasses for iterable datasets and dispatched batches replace :meth:`_pass`.
     """
 
     def __init__(
@@ -191,12 +260,14 @@ class PreparedDataLoader(DataLoader):
         device: torch.device | None,
         gradient_state,
         non_blocking: bool,
+        sharding: Sharding,
         on_epoch_start: Callable[[], None] | None = None,
         seed: int = 0,
         **kwargs,
     ):
         super().__init__(dataset, generator=torch.Generator(), **kwargs)
         self.seed = seed
+        self.sharding = sharding
         self.on_epoch_start = on_epoch_start
         self.device = device
         # Decided once: the loader already yields CPU tensors, so a CPU run has nothing to move.
@@ -205,11 +276,19 @@ class PreparedDataLoader(DataLoader):
         self.non_blocking = non_blocking
         self.iteration = 0
         self.end_of_dataloader = False
-        self.remainder = self.batch_sampler.remainder
+        self.remainder = -1
         self._skip_on_next_pass = 0  # samples
         self._skipped_this_pass = 0
         self._batches_yielded = 0
-        self._pass_batches = 0
+        self._pass_batches = 0  # this rank's batches in the current pass, once known
+
+    @property
+    def total_batch_size(self) -> int:
+        return self.sharding.global_batch_size
+
+    @property
+    def total_dataset_length(self) -> int:
+        return len(self.dataset)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose shuffle order the next pass uses."""
@@ -235,7 +314,7 @@ class PreparedDataLoader(DataLoader):
             state = {"epoch": self.iteration + 1, "samples_seen": 0}  # complete; the generator has not returned
         else:
             state = {"epoch": self.iteration, "samples_seen": self.samples_seen}
-        sampler = self.batch_sampler.sampler
+        sampler = getattr(self.batch_sampler, "sampler", None)
         if isinstance(sampler, SeedableRandomSampler):
             state["seed"] = sampler.seed
         return state
@@ -244,18 +323,9 @@ class PreparedDataLoader(DataLoader):
         """Continue from a :meth:`state_dict` position on the next pass."""
         self.iteration = state["epoch"]
         self._skip_on_next_pass = state["samples_seen"]
-        sampler = self.batch_sampler.sampler
+        sampler = getattr(self.batch_sampler, "sampler", None)
         if "seed" in state and isinstance(sampler, SeedableRandomSampler):
             sampler.seed = state["seed"]
-
-    @property
-    def total_batch_size(self) -> int:
-        sampler = self.batch_sampler
-        return sampler.global_batch_size if isinstance(sampler, ShardedBatchSampler) else self.batch_size
-
-    @property
-    def total_dataset_length(self) -> int:
-        return len(self.dataset)
 
     def _to_device(self, batch: Any) -> Any:
         if not self._moves_batches:
@@ -265,29 +335,58 @@ class PreparedDataLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:
         if self.on_epoch_start is not None:
             self.on_epoch_start()
-        if hasattr(self.batch_sampler, "set_epoch"):
-            self.batch_sampler.set_epoch(self.iteration)
         skip, self._skip_on_next_pass = self._skip_on_next_pass, 0
-        self.batch_sampler.skip_samples = self._skipped_this_pass = skip
-        self.remainder = self.batch_sampler.remainder_after(skip)
-        self._pass_batches = self.batch_sampler.num_batches(skip)
-        self._batches_yielded = 0
-        self.end_of_dataloader = self._pass_batches == 0
+        self._skipped_this_pass = skip
+        self._batches_yielded = self._pass_batches = 0
+        self.end_of_dataloader = False
+        self.remainder = -1
         # torch draws each pass's worker seed from the loader's generator. Seeded from (seed, epoch,
         # rank), it differs between ranks (their workers augment independently) and is the same in a
         # resumed run. 7919 and 104729 are primes: no two (epoch, rank) pairs of a real run collide.
-        rank = self.batch_sampler.process_index
+        rank = self.sharding.process_index
         self.generator.manual_seed((self.seed + 7919 * self.iteration + 104729 * rank) % 2**64)
         self.gradient_state.activate(self)
         try:
-            for batch in super().__iter__():
-                self._batches_yielded += 1
-                self.end_of_dataloader = self._batches_yielded == self._pass_batches
-                yield self._to_device(batch)
+            yield from self._pass(skip)
             self.iteration += 1
             self._skipped_this_pass = self._batches_yielded = self._pass_batches = 0
         finally:
             self.gradient_state.deactivate(self)
+
+    def _pass(self, skip: int) -> Iterator[Any]:
+        """This rank's batches of one pass that starts ``skip`` samples into the epoch."""
+        sampler = self.batch_sampler
+        sampler.set_epoch(self.iteration)
+        sampler.skip_samples = skip
+        self.remainder = sampler.remainder_after(skip)
+        self._pass_batches = sampler.num_batches(skip)
+        self.end_of_dataloader = self._pass_batches == 0
+        for batch in super().__iter__():
+            self._batches_yielded += 1
+            self.end_of_dataloader = self._batches_yielded == self._pass_batches
+            yield self._to_device(batch)
+
+    def _flag_last(self, batches: Iterator[Any], on_exhausted: Callable[[], None]) -> Iterator[Any]:
+        """Yield ``batches`` one behind, so the last is flagged when it is handed out.
+
+        For streams of unknown length; ``on_exhausted`` runs once the stream has ended, before the
+        last batch is yielded.
+        """
+        current = next(batches, _EXHAUSTED)
+        for upcoming in batches:
+            self._batches_yielded += 1
+            yield current
+            current = upcoming
+        on_exhausted()
+        if current is not _EXHAUSTED:
+            self._batches_yielded += 1
+            self._pass_batches = self._batches_yielded
+            self.end_of_dataloader = True
+            yield current
+        self.end_of_dataloader = True
+
+
+_EXHAUSTED = object()
 
 
 _LOADER_OPTIONS = (
@@ -320,25 +419,24 @@ def prepare_data_loader(
     config: DataLoaderConfiguration,
     broadcast_seed: Callable[[int], int] = lambda seed: seed,
     on_epoch_start: Callable[[], None] | None = None,
+    comm_device: torch.device | None = None,
 ) -> PreparedDataLoader:
     """Rebuild ``dataloader`` over this rank's shard of every global batch.
 
     Args:
-        dataloader: A map-style DataLoader with automatic batching (``batch_size`` set) or a
-            ``batch_sampler``.
+        dataloader: A DataLoader with automatic batching (``batch_size`` set, or a plain
+            ``BatchSampler``), over a map-style or an iterable dataset.
         device: Where batches are moved, or None to leave them where the loader puts them.
         broadcast_seed: Makes rank 0's shuffle seed everyone's (a collective when distributed).
         on_epoch_start: Called when each pass begins (to synchronise RNG states, say).
+        comm_device: Where dispatched batches travel between processes (the GPU under NCCL).
 
     Raises:
-        ValueError: For an IterableDataset or a loader without batching, which cannot be sharded by
-            index.
+        ValueError: For a loader without batching or with a custom batch sampler, which cannot be
+            sharded, and for settings that cannot shard exactly (see the messages).
     """
-    if isinstance(dataloader.dataset, IterableDataset):
-        raise ValueError(
-            "prepare() shards map-style datasets by index; this DataLoader wraps an IterableDataset, "
-            "so give it a map-style Dataset (one with __len__ and __getitem__)."
-        )
+    from runner.engine import dispatch
+
     if dataloader.batch_sampler is None:
         raise ValueError("prepare() needs a batched DataLoader; set batch_size (not None) when building it.")
     batch_sampler = dataloader.batch_sampler
@@ -347,8 +445,58 @@ def prepare_data_loader(
             f"prepare() cannot shard a custom batch_sampler ({type(batch_sampler).__name__}); pass a "
             "sampler and batch_size to the DataLoader instead."
         )
-    sampler = batch_sampler.sampler
+    iterable = isinstance(dataloader.dataset, IterableDataset)
+    sharding = Sharding.create(
+        batch_sampler.batch_size,
+        num_processes=num_processes,
+        split_batches=config.split_batches,
+        process_index=process_index,
+        drop_last=batch_sampler.drop_last,
+        even_batches=config.even_batches,
+    )
     seed = _shuffle_seed(dataloader, broadcast_seed)
+    options = {name: getattr(dataloader, name) for name in _LOADER_OPTIONS if hasattr(dataloader, name)}
+    if options.get("num_workers", 0) == 0:
+        options.pop("prefetch_factor", None)
+        options.pop("persistent_workers", None)
+    common = {
+        "device": device,
+        "gradient_state": gradient_state,
+        "non_blocking": config.non_blocking,
+        "sharding": sharding,
+        "on_epoch_start": on_epoch_start,
+        "seed": seed,
+        **options,
+    }
+    dispatch_batches = iterable if config.dispatch_batches is None else config.dispatch_batches
+    if num_processes > 1 and dispatch_batches:
+        if iterable:
+            return dispatch.DispatchedDataLoader(
+                dataloader.dataset,
+                batch_size=sharding.global_batch_size,
+                drop_last=sharding.drop_last,
+                comm_device=comm_device,
+                **common,
+            )
+        sampled = _sharded_sampler(dataloader, sharding, seed)
+        return dispatch.DispatchedDataLoader(
+            dataloader.dataset, batch_sampler=dispatch.GlobalBatches(sampled), comm_device=comm_device, **common
+        )
+    if iterable:
+        if options.get("num_workers", 0) > 0 and num_processes > 1:
+            raise ValueError(
+                "An IterableDataset with num_workers > 0 cannot be sharded exactly on each process (torch "
+                "gives every worker its own copy of the stream); keep dispatch_batches on (the default for "
+                "iterable datasets) or set num_workers=0."
+            )
+        shard = dispatch.IterableDatasetShard(dataloader.dataset, sharding)
+        return dispatch.ShardedIterableLoader(shard, batch_size=sharding.per_process, **common)
+    return PreparedDataLoader(dataloader.dataset, batch_sampler=_sharded_sampler(dataloader, sharding, seed), **common)
+
+
+def _sharded_sampler(dataloader: DataLoader, sharding: Sharding, seed: int) -> ShardedBatchSampler:
+    """The loader's sampler, seeded alike on every rank, behind a :class:`ShardedBatchSampler`."""
+    sampler = dataloader.batch_sampler.sampler
     if isinstance(sampler, RandomSampler):
         sampler = SeedableRandomSampler(
             sampler.data_source, seed=seed, replacement=sampler.replacement, num_samples=sampler._num_samples
@@ -356,27 +504,6 @@ def prepare_data_loader(
     elif hasattr(sampler, "generator") and not hasattr(sampler, "set_epoch"):
         sampler = copy.copy(sampler)  # a random sampler of the user's: give it a generator every rank seeds alike
         sampler.generator = torch.Generator()
-    sharded = ShardedBatchSampler(
-        sampler,
-        batch_size=batch_sampler.batch_size,
-        drop_last=batch_sampler.drop_last,
-        num_processes=num_processes,
-        process_index=process_index,
-        split_batches=config.split_batches,
-        even_batches=config.even_batches,
-    )
+    sharded = ShardedBatchSampler(sampler, sharding=sharding)
     sharded.seed = seed
-    options = {name: getattr(dataloader, name) for name in _LOADER_OPTIONS if hasattr(dataloader, name)}
-    if options.get("num_workers", 0) == 0:
-        options.pop("prefetch_factor", None)
-        options.pop("persistent_workers", None)
-    return PreparedDataLoader(
-        dataloader.dataset,
-        batch_sampler=sharded,
-        device=device,
-        gradient_state=gradient_state,
-        non_blocking=config.non_blocking,
-        on_epoch_start=on_epoch_start,
-        seed=seed,
-        **options,
-    )
+    return sharded

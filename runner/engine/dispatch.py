@@ -1,0 +1,328 @@
+"""Loaders for iterable datasets, and loaders whose batches rank 0 loads and sends to every rank.
+
+Both keep the global batches of :mod:`runner.engine.data`: rank ``r`` gets the r-th slice of every
+``batch_size * num_processes`` consecutive samples, and the short last global batch is padded (with
+``even_batches``) from the start of the epoch, so ``gather_for_metrics`` returns each sample once.
+
+- :class:`ShardedIterableLoader`: every rank reads the whole stream in its main process and keeps
+  its own samples (``dispatch_batches=False``). A stream's length is unknown, so it fetches one
+  batch ahead to know which batch is the last.
+- :class:`DispatchedDataLoader`: rank 0 loads each global batch (with the loader's workers) and
+  broadcasts it; every rank slices its rows. The default for iterable datasets, and available for
+  map-style ones. Non-tensor per-sample columns (lists of strings, say) travel pickled and are
+  sliced like tensors.
+
+Positions count samples as everywhere else; an iterable dataset is resumed by reading past the
+samples already seen (there is no index to jump to), so its stream must be the same in every pass
+of an epoch (seed any shuffling from ``set_epoch``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset, Sampler
+
+from runner.engine.data import PreparedDataLoader, ShardedBatchSampler, Sharding
+
+_END = object()
+
+
+class IterableDatasetShard(IterableDataset):
+    """This rank's samples of an iterable dataset: its slice of every global batch of the stream.
+
+    ``skip_samples`` (consumed by the next pass) reads past the epoch's first samples; ``remainder``
+    is set when a pass pads its last global batch.
+    """
+
+    def __init__(self, dataset: IterableDataset, sharding: Sharding) -> None:
+        self.dataset = dataset
+        self.sharding = sharding
+        self.skip_samples = 0
+        self.remainder = -1
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self.sharding.rank_items(len(self.dataset))  # TypeError for a stream without a length
+
+    def __iter__(self) -> Iterator[Any]:
+        skip, self.skip_samples = self.skip_samples, 0
+        self.remainder = -1
+        sharding, size = self.sharding, self.sharding.global_batch_size
+        head: list[Any] = []  # the epoch's first global batch, which pads the last
+        batch: list[Any] = []
+        for position, sample in enumerate(self.dataset):
+            if position < size:
+                head.append(sample)
+            if position < skip:
+                continue
+            batch.append(sample)
+            if len(batch) == size:
+                yield from sharding.rank_slice(batch)
+                batch = []
+        if batch and (last := sharding.last_batch(batch, head)):
+            if len(last) > len(batch):
+                self.remainder = len(batch)
+            yield from sharding.rank_slice(last)
+
+
+class ShardedIterableLoader(PreparedDataLoader):
+    """A prepared loader over an :class:`IterableDatasetShard` (read in the main process)."""
+
+    @property
+    def total_dataset_length(self) -> int:
+        return len(self.dataset.dataset)
+
+    def _pass(self, skip: int) -> Iterator[Any]:
+        shard = self.dataset
+        shard.set_epoch(self.iteration)
+        shard.skip_samples = skip
+
+        def ended() -> None:
+            self.remainder = shard.remainder
+
+        yield from self._flag_last(map(self._to_device, DataLoader.__iter__(self)), ended)
+
+
+class GlobalBatches(Sampler[list[int]]):
+    """The batch sampler rank 0 loads with under ``dispatch_batches``: whole global batches."""
+
+    def __init__(self, sharded: ShardedBatchSampler) -> None:
+        self.sharded = sharded
+        self.sampler = sharded.sampler  # so the loader's position records the shuffle seed
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self.sharded.global_batches()
+
+    def __len__(self) -> int:
+        return len(self.sharded.sharding.global_rows(len(self.sampler)))
+
+
+class _Round(NamedTuple):
+    batch: Any  # the global batch, on the communication device
+    remainder: int  # real samples of a padded last global batch, else -1
+    next_rows: int  # rows of the next global batch, 0 after the last
+
+
+class DispatchedDataLoader(PreparedDataLoader):
+    """Rank 0 loads every global batch and broadcasts it; each rank keeps its rows.
+
+    The other ranks never read the dataset (nor start workers). Each global batch is one
+    ``broadcast_object_list`` (its structure, and any non-tensor columns) and one ``broadcast`` per
+    tensor, on ``comm_device``.
+    """
+
+    def __init__(self, dataset, *, comm_device: torch.device | None = None, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.comm_device = comm_device or torch.device("cpu")
+
+    @property
+    def _map_style(self) -> bool:
+        return isinstance(self.batch_sampler, GlobalBatches)
+
+    def __len__(self) -> int:
+        if self._map_style:
+            return self.batch_sampler.sharded.num_batches(0)
+        return self.sharding.num_batches(len(self.dataset))  # TypeError for a stream without a length
+
+    def _pass(self, skip: int) -> Iterator[Any]:
+        sharding = self.sharding
+        rounds = self._load_and_send(skip) if sharding.process_index == 0 else self._receive()
+        for batch, remainder, next_rows in rounds:
+            start, stop = _row_range(sharding, _rows(batch))
+            if start >= stop:
+                continue  # without even_batches the last ranks may have no share of the last batch
+            self.remainder = remainder
+            self._batches_yielded += 1
+            start_next, stop_next = _row_range(sharding, next_rows)
+            if start_next >= stop_next:
+                self._pass_batches = self._batches_yielded
+                self.end_of_dataloader = True
+            yield self._to_device(_slice_rows(batch, start, stop))
+        self.end_of_dataloader = True
+
+    # ------------------------------------------------------------------------------------------- rank 0
+    def _load_and_send(self, skip: int) -> Iterator[_Round]:
+        sent = False
+        for round_ in self._global_rounds(skip):
+            _send(round_, self.comm_device)
+            sent = True
+            yield round_
+        if not sent:
+            dist.broadcast_object_list([None], src=0, device=self.comm_device)
+
+    def _global_rounds(self, skip: int) -> Iterator[_Round]:
+        if self._map_style:
+            sharded = self.batch_sampler.sharded
+            sharded.set_epoch(self.iteration)
+            sharded.skip_samples = skip
+            rows = self.sharding.global_rows(len(sharded.sampler) - skip)
+            remainder = sharded.remainder_after(skip)
+            for step, batch in enumerate(DataLoader.__iter__(self)):
+                next_rows = rows[step + 1] if step + 1 < len(rows) else 0
+                yield _Round(batch, remainder if not next_rows else -1, next_rows)
+            return
+        yield from self._streamed_rounds(skip)
+
+    def _streamed_rounds(self, skip: int) -> Iterator[_Round]:
+        sharding, size = self.sharding, self.sharding.global_batch_size
+        if skip % size:
+            raise ValueError(
+                f"This iterable loader cannot resume {skip} samples into an epoch: dispatched streams resume "
+                f"at whole global batches of {size}; resume with the global batch size the run was saved with."
+            )
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(self.iteration)
+        stream = _rebatch(DataLoader.__iter__(self), size)
+        head = next(stream, _END)
+        if head is _END:
+            return
+        stream = itertools.islice(itertools.chain([head], stream), skip // size, None)
+        current = next(stream, _END)
+        while current is not _END:
+            upcoming = next(stream, _END)
+            rows, remainder = _rows(current), -1
+            if rows < size and sharding.even_batches and rows % sharding.num_processes:
+                filler = _concat_rows(head, current) if _rows(head) == size else current
+                padding = [i % _rows(filler) for i in range(-rows % sharding.num_processes)]
+                current, remainder = _concat_rows(current, _take_rows(filler, padding)), rows
+            next_rows = 0 if upcoming is _END else _rows(upcoming)
+            if next_rows < size and sharding.even_batches:
+                next_rows += -next_rows % sharding.num_processes
+            yield _Round(current, remainder, next_rows)
+            current = upcoming
+
+    # ----------------------------------------------------------------------------------- other ranks
+    def _receive(self) -> Iterator[_Round]:
+        while True:
+            header: list[Any] = [None]
+            dist.broadcast_object_list(header, src=0, device=self.comm_device)
+            if header[0] is None:
+                return
+            structure, remainder, next_rows = header[0]
+            yield _Round(_map_leaves(self._receive_tensor, structure, _TensorSpec), remainder, next_rows)
+            if not next_rows:
+                return
+
+    def _receive_tensor(self, spec: _TensorSpec) -> torch.Tensor:
+        tensor = torch.empty(spec.shape, dtype=spec.dtype, device=self.comm_device)
+        dist.broadcast(tensor, src=0)
+        return tensor
+
+
+class _TensorSpec(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _send(round_: _Round, device: torch.device) -> None:
+    tensors: list[torch.Tensor] = []
+
+    def describe(tensor: torch.Tensor) -> _TensorSpec:
+        tensors.append(tensor.to(device).contiguous())
+        return _TensorSpec(tuple(tensor.shape), tensor.dtype)
+
+    structure = _map_leaves(describe, round_.batch, torch.Tensor)
+    dist.broadcast_object_list([(structure, round_.remainder, round_.next_rows)], src=0, device=device)
+    for tensor in tensors:
+        dist.broadcast(tensor, src=0)
+
+
+# --------------------------------------------------------------------- rows of a collated batch
+# A collated batch is a nest of dicts, lists and tuples whose leaves are tensors (one row per sample
+# along dim 0) or per-sample columns (lists of plain values, e.g. strings, one per sample).
+
+
+def _is_column(data: Any) -> bool:
+    return isinstance(data, list) and bool(data) and not any(isinstance(item, _CONTAINERS) for item in data)
+
+
+_CONTAINERS = (torch.Tensor, list, tuple, Mapping, _TensorSpec)
+
+
+def _map_leaves(func: Callable[[Any], Any], data: Any, leaf: type) -> Any:
+    """Apply ``func`` to every ``leaf`` instance in a nest of lists, tuples (named too) and mappings."""
+    if isinstance(data, leaf):
+        return func(data)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_map_leaves(func, item, leaf) for item in data))
+    if isinstance(data, (list, tuple)) and not _is_column(data):
+        return type(data)(_map_leaves(func, item, leaf) for item in data)
+    if isinstance(data, Mapping):
+        return type(data)({key: _map_leaves(func, value, leaf) for key, value in data.items()})
+    return data
+
+
+def _map_rows(on_tensor: Callable, on_column: Callable, *batches: Any) -> Any:
+    """Combine batches of one structure leaf by leaf: tensors with ``on_tensor``, columns with ``on_column``."""
+    first = batches[0]
+    if isinstance(first, torch.Tensor):
+        return on_tensor(*batches)
+    if _is_column(first):
+        return on_column(*batches)
+    if isinstance(first, tuple) and hasattr(first, "_fields"):
+        return type(first)(*(_map_rows(on_tensor, on_column, *items) for items in zip(*batches, strict=True)))
+    if isinstance(first, (list, tuple)):
+        return type(first)(_map_rows(on_tensor, on_column, *items) for items in zip(*batches, strict=True))
+    if isinstance(first, Mapping):
+        return type(first)({key: _map_rows(on_tensor, on_column, *(b[key] for b in batches)) for key in first})
+    return first
+
+
+def _rows(batch: Any) -> int:
+    """The number of samples in a collated batch: the first dimension of its tensors."""
+    found: list[int] = []
+    _map_rows(lambda t: found.append(len(t)), lambda column: found.append(len(column)), batch)
+    if not found:
+        raise ValueError(
+            "dispatch_batches needs batches holding tensors or per-sample lists, one row per sample; turn "
+            "dispatch_batches off for this loader."
+        )
+    return found[0]
+
+
+def _slice_rows(batch: Any, start: int, stop: int) -> Any:
+    return _map_rows(lambda t: t[start:stop], lambda column: column[start:stop], batch)
+
+
+def _take_rows(batch: Any, rows: list[int]) -> Any:
+    index = torch.tensor(rows, dtype=torch.long)
+    return _map_rows(lambda t: t[index.to(t.device)], lambda column: [column[i] for i in rows], batch)
+
+
+def _concat_rows(first: Any, second: Any) -> Any:
+    return _map_rows(lambda a, b: torch.cat([a, b]), lambda a, b: a + b, first, second)
+
+
+def _rebatch(batches: Iterator[Any], size: int) -> Iterator[Any]:
+    """Cut a stream of collated batches into batches of ``size`` rows (the last may be shorter).
+
+    A loader with several workers ends each worker's share with a short batch; regrouping keeps
+    global batches consecutive. Batches that already have ``size`` rows pass through uncopied.
+    """
+    pending = None
+    for batch in batches:
+        pending = batch if pending is None else _concat_rows(pending, batch)
+        while _rows(pending) >= size:
+            rows = _rows(pending)
+            if rows == size:
+                yield pending
+                pending = None
+                break
+            yield _slice_rows(pending, 0, size)
+            pending = _slice_rows(pending, size, rows)
+    if pending is not None and _rows(pending):
+        yield pending
+
+
+def _row_range(sharding: Sharding, rows: int) -> tuple[int, int]:
+    """This rank's rows of a global batch of ``rows`` rows (see :meth:`Sharding.rank_slice`)."""
+    share = sharding.rank_slice(range(rows))
+    return share.start, share.stop

@@ -1,0 +1,168 @@
+"""Every way of sharding data on 2 gloo processes: split, dispatched, uneven, iterable.
+
+Each must hand every sample out once per epoch (plus only the padding even_batches documents),
+let gather_for_metrics return exactly one entry per sample, and train to the same weights as the
+default sharding of the same global batches.
+"""
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from runner.engine import Accelerator, DataLoaderConfiguration
+from tests.helpers import regression_data, small_model, train
+
+MODES = {
+    "map": ({}, False),
+    "map uneven": ({"even_batches": False}, False),
+    "map dispatched": ({"dispatch_batches": True}, False),
+    "stream dispatched": ({}, True),  # dispatch_batches is the default for iterable datasets
+    "stream sharded": ({"dispatch_batches": False}, True),
+    "stream dispatched uneven": ({"even_batches": False}, True),
+}
+
+
+class CountingRange(Dataset):
+    """range(n) that counts the samples this process loads."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.loads = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        self.loads += 1
+        return index
+
+
+class CountingStream(IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.loads = 0
+
+    def __iter__(self):
+        for index in range(self.n):
+            self.loads += 1
+            yield index
+
+
+def _one_epoch(accelerator, dataset, batch_size, *, gather):
+    loader = accelerator.prepare(DataLoader(dataset, batch_size=batch_size))
+    mine, gathered, objects, ends = [], [], [], []
+    for batch in loader:
+        mine.extend(batch.tolist())
+        ends.append(accelerator.gradient_state.end_of_dataloader)
+        if gather:  # a collective: only when every rank runs as many steps
+            gathered.extend(accelerator.gather_for_metrics(batch).tolist())
+            objects.extend(accelerator.gather_for_metrics(batch.tolist(), use_gather_object=True))
+    return {"mine": mine, "gathered": gathered, "objects": objects, "ends": ends, "loads": dataset.loads}
+
+
+def _coverage(sizes, batch_size):
+    out = {}
+    for mode, (options, stream) in MODES.items():
+        accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(**options))
+        for n in sizes:
+            dataset = CountingStream(n) if stream else CountingRange(n)
+            out[mode, n] = _one_epoch(accelerator, dataset, batch_size, gather="uneven" not in mode)
+    return out
+
+
+def test_every_sharding_hands_out_each_sample_once_and_gathers_exactly(launch):
+    sizes = (97, 99, 100)
+    rank0, rank1 = launch(_coverage, sizes, 8)
+    for (mode, n), first in rank0.items():
+        second = rank1[mode, n]
+        both = first["mine"] + second["mine"]
+        for result in (first, second):
+            assert result["ends"] == [False] * (len(result["ends"]) - 1) + [True], (mode, n)
+        if "uneven" in mode:
+            assert sorted(both) == list(range(n)), (mode, n)  # no padding at all
+        else:
+            assert set(both) == set(range(n)) and len(both) - n == n % 2, (mode, n)  # padded to a multiple of 2
+            assert len(first["ends"]) == len(second["ends"]), (mode, n)
+            assert sorted(first["gathered"]) == list(range(n)), (mode, n)  # the padding dropped again
+            assert first["gathered"] == second["gathered"], (mode, n)
+            assert sorted(first["objects"]) == list(range(n)), (mode, n)
+        if "dispatched" in mode:
+            assert second["loads"] == 0, (mode, n)  # only rank 0 reads the dataset
+        elif mode == "stream sharded":
+            assert first["loads"] == second["loads"] == n, (mode, n)  # every rank reads the stream
+        else:
+            assert first["loads"] == len(first["mine"]), (mode, n)  # map-style: a rank loads only its samples
+
+
+class RegressionStream(IterableDataset):
+    """regression_data(n) in order, as a stream."""
+
+    def __init__(self, n: int) -> None:
+        self.data = regression_data(n)
+
+    def __iter__(self):
+        yield from (self.data[i] for i in range(len(self.data)))
+
+
+def _train_in_order(options, n, batch_size, *, stream=True):
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(**options))
+    dataset = RegressionStream(n) if stream else regression_data(n)
+    model = small_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(dataset, batch_size=batch_size))
+    for _ in range(2):
+        for x, y in loader:
+            accelerator.backward(nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+    return accelerator.unwrap_model(model).state_dict()
+
+
+def _weights_per_sharding():
+    # 69 samples: a short last global batch of 5, padded to 6 (even_batches), in every mode.
+    def default():
+        return train(Accelerator(), batch_size=8, n=69)
+
+    def split():
+        return train(Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True)), batch_size=16, n=69)
+
+    def dispatched():
+        return train(Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True)), batch_size=8, n=69)
+
+    return {
+        "default": default(),
+        "split": split(),
+        "dispatched": dispatched(),
+        "map in order": _train_in_order({}, 69, 8, stream=False),
+        "stream dispatched": _train_in_order({}, 69, 8),
+        "stream sharded": _train_in_order({"dispatch_batches": False}, 69, 8),
+    }
+
+
+def test_split_and_dispatched_batches_train_to_the_same_weights_as_the_default(launch):
+    for weights in launch(_weights_per_sharding):
+        for name in ("split", "dispatched"):
+            for key, value in weights["default"].items():
+                assert torch.equal(value, weights[name][key]), (name, key)
+        for name in ("stream dispatched", "stream sharded"):
+            for key, value in weights["map in order"].items():
+                assert torch.equal(value, weights[name][key]), (name, key)
+
+
+def _resume_stream():
+    accelerator = Accelerator()
+    loader = accelerator.prepare(DataLoader(CountingStream(50), batch_size=4))
+    uninterrupted = [batch.tolist() for batch in loader]
+    iterator = iter(loader)
+    for _ in range(3):
+        next(iterator)
+    position = loader.state_dict()
+    resumed = accelerator.prepare(DataLoader(CountingStream(50), batch_size=4))
+    resumed.load_state_dict(position)
+    return {"position": position, "uninterrupted": uninterrupted, "resumed": [b.tolist() for b in resumed]}
+
+
+def test_a_dispatched_stream_resumes_at_its_position(launch):
+    for result in launch(_resume_stream):
+        assert result["position"] == {"epoch": 1, "samples_seen": 24}
+        assert result["resumed"] == result["uninterrupted"][3:]
