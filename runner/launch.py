@@ -50,40 +50,29 @@ def launch(config: dict[str, Any], overrides: list[str]) -> float | None:
 
 
 def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_processes: int, num_nodes: int):
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from runner.engine.launchers import elastic_run
     from runner.worker import run_worker
 
     trainer = config["trainer"]
-    launch_config = LaunchConfig(
-        min_nodes=num_nodes,
-        max_nodes=num_nodes,
-        nproc_per_node=num_processes,
-        run_id=f"runner-{uuid.uuid4().hex[:12]}" if num_nodes == 1 else _multinode_run_id(config),
-        rdzv_backend="c10d",
-        # Port 0 lets the rendezvous pick a free port, so concurrent runs and sweep jobs never clash.
-        rdzv_endpoint=trainer["rdzv_endpoint"] or "127.0.0.1:0",
-        max_restarts=trainer["max_restarts"],
-        monitor_interval=0.1,
-        start_method="spawn",
-        logs_specs=DefaultLogsSpecs(),
-    )
-    # Like torchrun: split the cores between the workers unless the user chose a thread count.
-    set_threads = "OMP_NUM_THREADS" not in os.environ
-    if set_threads:
-        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // num_processes))
     logger.info(
         "Starting %d processes on this node (%d node(s)) with torch's elastic launcher", num_processes, num_nodes
     )
     try:
-        results = elastic_launch(launch_config, run_worker)(config, overrides)
+        results = elastic_run(
+            run_worker,
+            (config, overrides),
+            num_processes=num_processes,
+            # Port 0 lets the rendezvous pick a free port, so concurrent runs and sweep jobs never clash.
+            rdzv_endpoint=trainer["rdzv_endpoint"] or "127.0.0.1:0",
+            num_nodes=num_nodes,
+            run_id=None if num_nodes == 1 else _multinode_run_id(config),
+            max_restarts=trainer["max_restarts"],
+            monitor_interval=0.1,
+        )
     except ChildFailedError as error:
         raise WorkerFailed(describe_failure(error.failures)) from None
-    finally:
-        if set_threads:
-            os.environ.pop("OMP_NUM_THREADS", None)
     return results.get(0)
 
 

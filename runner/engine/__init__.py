@@ -10,6 +10,8 @@ from runner.engine.accelerator import Accelerator
 from runner.engine.checkpoint import CheckpointError, ProjectConfiguration
 from runner.engine.data import DataLoaderConfiguration
 from runner.engine.distributed import DistributedType
+from runner.engine.launchers import debug_launcher, notebook_launcher
+from runner.engine.memory import find_executable_batch_size
 from runner.engine.optimizer import AcceleratedOptimizer, AcceleratedScheduler, GradientAccumulationPlugin
 from runner.engine.parallel import DistributedDataParallelKwargs
 from runner.engine.precision import AutocastKwargs, GradScalerKwargs
@@ -28,6 +30,9 @@ __all__ = [
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "ProjectConfiguration",
+    "debug_launcher",
+    "find_executable_batch_size",
     "load_checkpoint_in_model",
+    "notebook_launcher",
     "set_seed",
 ]

@@ -20,3 +20,7 @@ MANIFEST_NAME = "manifest.json"
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_PREFIX = "checkpoint_"
 INCOMPLETE_SUFFIX = ".incomplete"
+
+# Defaults an Accelerator() reads from its environment (set by notebook_launcher / debug_launcher).
+MIXED_PRECISION_ENV = "RUNNER_MIXED_PRECISION"
+USE_CPU_ENV = "RUNNER_USE_CPU"

@@ -17,6 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from runner.engine.constants import USE_CPU_ENV
+
 
 class DistributedType(str, enum.Enum):
     """How the work is spread over processes (Accelerate's names)."""
@@ -70,7 +72,8 @@ def read_environment(*, cpu: bool = False) -> DistributedEnvironment:
     """Read rank, world size and device from the torchrun/elastic environment variables.
 
     Args:
-        cpu: Use the CPU (and gloo) even when CUDA devices are visible.
+        cpu: Use the CPU (and gloo) even when CUDA devices are visible; also when the environment
+            sets ``RUNNER_USE_CPU=1`` (as ``debug_launcher`` does).
 
     Returns:
         The environment of this process. Without WORLD_SIZE (a plain ``python script.py``) it is a
@@ -82,6 +85,7 @@ def read_environment(*, cpu: bool = False) -> DistributedEnvironment:
     local_world_size = _int_env("LOCAL_WORLD_SIZE", world_size)
     if not 0 <= rank < world_size:
         raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world_size}; the launcher set them inconsistently.")
+    cpu = cpu or os.environ.get(USE_CPU_ENV, "").lower() in ("1", "true", "yes")
     use_cuda = torch.cuda.is_available() and not cpu
     if use_cuda:
         if local_rank >= torch.cuda.device_count():

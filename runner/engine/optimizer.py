@@ -22,10 +22,14 @@ class GradientAccumulationPlugin:
         num_steps: Micro-steps per optimizer step.
         sync_with_dataloader: Also sync (and step) at the last batch of the dataloader, so an epoch
             never ends with gradients pending.
+        sync_each_batch: Communicate gradients on every micro-step (the optimizer still steps every
+            ``num_steps``). Costs bandwidth, saves memory under FSDP, where unsynced gradients are
+            kept unsharded.
     """
 
     num_steps: int = 1
     sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
 
 
 class GradientState:
@@ -36,6 +40,7 @@ class GradientState:
             raise ValueError(f"gradient_accumulation_steps={plugin.num_steps} must be at least 1.")
         self.num_steps = plugin.num_steps
         self.sync_with_dataloader = plugin.sync_with_dataloader
+        self.sync_each_batch = plugin.sync_each_batch
         self.sync_gradients = True
         self.step = 0
         # Loaders being iterated, innermost last: an eval loop inside a training epoch must not

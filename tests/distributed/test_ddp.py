@@ -51,3 +51,40 @@ def test_sync_gradients_once_per_cycle_and_at_the_end_of_the_loader(launch):
         # 40 samples / (2 ranks x 2) = 10 micro-steps per rank: syncs at 3, 6, 9 and at the last.
         assert flags == [False, False, True] * 3 + [True]
         assert grads_equal
+
+
+def _gradients_across_ranks(sync_each_batch: bool):
+    from runner.engine import GradientAccumulationPlugin
+
+    plugin = GradientAccumulationPlugin(num_steps=2, sync_each_batch=sync_each_batch)
+    accelerator = Accelerator(gradient_accumulation_plugin=plugin)
+    model = accelerator.prepare(torch.nn.Linear(2, 1))
+    data = torch.utils.data.TensorDataset(torch.arange(16.0).view(8, 2))  # each rank gets different rows
+    loader = accelerator.prepare(torch.utils.data.DataLoader(data, batch_size=1))
+    equal_after_backward = []
+    for (x,) in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(x).sum())
+        grads = accelerator.gather(model.module.weight.grad[None].clone())
+        equal_after_backward.append(torch.equal(grads[0], grads[1]))
+        if accelerator.sync_gradients:
+            model.zero_grad()
+
+    # no_sync by hand: local gradients only, until a backward outside it averages them.
+    model.zero_grad()
+    with accelerator.no_sync(model):
+        accelerator.backward(model(data.tensors[0][accelerator.process_index :: 2]).sum())
+    grads = accelerator.gather(model.module.weight.grad[None].clone())
+    manual = [torch.equal(grads[0], grads[1])]
+    accelerator.backward(model(data.tensors[0][:1]).sum())
+    grads = accelerator.gather(model.module.weight.grad[None].clone())
+    manual.append(torch.equal(grads[0], grads[1]))
+    return equal_after_backward, manual
+
+
+def test_gradients_differ_across_ranks_until_the_sync_step(launch):
+    for equal, manual in launch(_gradients_across_ranks, False):
+        assert equal == [False, True] * 2  # 4 micro-steps per rank, a sync every second
+        assert manual == [False, True]
+    for equal, _ in launch(_gradients_across_ranks, True):
+        assert equal == [True] * 4  # sync_each_batch communicates on every micro-step

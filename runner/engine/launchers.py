@@ -1,0 +1,167 @@
+"""Run a function on several processes of this machine: from a notebook, a test, or a debugger.
+
+Both launchers are torch's elastic launcher (the engine behind ``torchrun``) called as a library:
+each worker gets RANK, WORLD_SIZE, MASTER_ADDR, ... set, so an ``Accelerator()`` built inside the
+function joins the group as it would under ``torchrun``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from runner.engine.constants import MIXED_PRECISION_ENV, USE_CPU_ENV
+
+
+def notebook_launcher(
+    function: Callable[..., Any],
+    args: tuple = (),
+    num_processes: int | None = None,
+    mixed_precision: str = "no",
+    use_port: str | int | None = None,
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
+) -> list[Any]:
+    """Run ``function(*args)`` on ``num_processes`` processes and return their results by rank.
+
+    Workers are forked, so a function defined in the notebook itself works; CUDA must therefore not
+    be initialised in the notebook's process before the call (build models inside ``function``).
+
+    Args:
+        num_processes: Processes on this machine; by default one per GPU, or 1 without GPUs (which
+            runs ``function`` in this process).
+        mixed_precision: What ``Accelerator()`` inside ``function`` uses when not told otherwise.
+        use_port: The rendezvous port on ``master_addr``; by default a free port when there is one
+            node, and 29500 with several.
+        node_rank, num_nodes: This machine's place among several, all running the same call.
+        max_restarts: Restart every worker this many times after a failure (elastic).
+
+    Returns:
+        ``function``'s return value on each of this machine's processes, in rank order.
+    """
+    if num_processes is None:
+        num_processes = torch.cuda.device_count() or 1
+    environment = {MIXED_PRECISION_ENV: str(mixed_precision)}
+    if num_processes == 1 and num_nodes == 1:
+        with _environment(environment):
+            return [function(*args)]
+    if torch.cuda.is_initialized():
+        raise ValueError(
+            "notebook_launcher forks its workers, and CUDA has already been initialised in this process; "
+            "restart the kernel and create models and tensors on the GPU only inside the launched function."
+        )
+    port = use_port if use_port is not None else (0 if num_nodes == 1 else 29500)
+    results = elastic_run(
+        function,
+        args,
+        num_processes=num_processes,
+        rdzv_endpoint=f"{master_addr}:{port}",
+        start_method="fork",
+        environment=environment,
+        num_nodes=num_nodes,
+        node_rank=node_rank if num_nodes > 1 else None,
+        run_id="notebook" if num_nodes > 1 else None,
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+    )
+    return _by_rank(results)
+
+
+def debug_launcher(
+    function: Callable[..., Any], args: tuple = (), num_processes: int = 2, *, start_method: str = "fork"
+) -> list[Any]:
+    """Run ``function(*args)`` on ``num_processes`` CPU processes (gloo) and return their results by rank.
+
+    For debugging distributed code on any machine: every ``Accelerator()`` inside uses the CPU,
+    even where GPUs are visible. ``start_method="spawn"`` needs ``function`` importable by module
+    (defined at the top level of a module, not in ``__main__`` of a notebook).
+    """
+    results = elastic_run(
+        function,
+        args,
+        num_processes=num_processes,
+        rdzv_endpoint="127.0.0.1:0",
+        start_method=start_method,
+        environment={USE_CPU_ENV: "1"},
+    )
+    return _by_rank(results)
+
+
+def elastic_run(
+    function: Callable[..., Any],
+    args: tuple,
+    *,
+    num_processes: int,
+    rdzv_endpoint: str,
+    start_method: str = "spawn",
+    environment: dict[str, str] | None = None,
+    num_nodes: int = 1,
+    node_rank: int | None = None,
+    run_id: str | None = None,
+    max_restarts: int = 0,
+    monitor_interval: float = 0.05,
+) -> dict[int, Any]:
+    """Run ``function(*args)`` as this node's share of an elastic job; return the results by global rank.
+
+    Args:
+        rdzv_endpoint: ``host:port`` of the rendezvous; port 0 takes a free port (one node only).
+        environment: Variables set for the workers (restored here afterwards). OMP_NUM_THREADS is
+            added, like torchrun does, splitting the cores between the workers, unless already set.
+        node_rank: With several nodes, this node's rank under a static rendezvous; None uses c10d's
+            dynamic rendezvous, where nodes take ranks in the order they join.
+        run_id: The job's id, the same on every node; a fresh one by default.
+
+    Raises:
+        ChildFailedError: When a worker fails (with no restarts left), with each failure's traceback.
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if node_rank is None:
+        rendezvous = {"rdzv_backend": "c10d"}
+    else:
+        rendezvous = {"rdzv_backend": "static", "rdzv_configs": {"rank": node_rank}}
+    config = LaunchConfig(
+        min_nodes=num_nodes,
+        max_nodes=num_nodes,
+        nproc_per_node=num_processes,
+        run_id=run_id or f"launch-{uuid.uuid4().hex[:12]}",
+        rdzv_endpoint=rdzv_endpoint,
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+        start_method=start_method,
+        logs_specs=DefaultLogsSpecs(),
+        **rendezvous,
+    )
+    environment = dict(environment or {})
+    if "OMP_NUM_THREADS" not in os.environ:
+        environment["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // num_processes))
+    with _environment(environment):
+        return elastic_launch(config, function)(*args)
+
+
+def _by_rank(results: dict[int, Any]) -> list[Any]:
+    return [results[rank] for rank in sorted(results)]
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the workers (they inherit them), and restore them after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
