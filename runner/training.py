@@ -20,6 +20,8 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from runner.startup import log_first_step, stamp
+
 logger = logging.getLogger("runner")
 
 
@@ -100,12 +102,18 @@ class ProgressReporter:
         self.total = total
         self.is_main = accelerator.is_main_process
         self.bar = None
+        self.started = False
+        stamp("build and prepare")
         if self.is_main and enabled and sys.stderr.isatty():
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
     def advance(self) -> None:
+        """Count an optimizer step (the first one also logs where the start-up time went)."""
+        if not self.started and self.is_main:
+            log_first_step()
+        self.started = True
         if self.bar is not None:
             self.bar.update(1)
 

@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from runner.config import recipe_module
+from runner.startup import stamp
 
 logger = logging.getLogger("runner")
 
@@ -77,6 +78,7 @@ def record_config_in_checkpoints(accelerator, config: dict[str, Any], overrides:
 
 def run_worker(config: dict[str, Any], overrides: list[str]) -> float | None:
     """Train one process's share of the run described by ``config`` (already resolved)."""
+    stamp("start workers")
     cfg = OmegaConf.create(config)
     rank = int(os.environ.get("RANK", "0"))
     configure_logging(rank=rank, log_file=Path(cfg.project.project_dir) / "run.log")
@@ -95,6 +97,7 @@ def run_worker(config: dict[str, Any], overrides: list[str]) -> float | None:
             logger.warning("Restart %d: resuming from %s", restarts, newest)
             cfg.resume = str(newest)
     accelerator = build_accelerator(cfg)
+    stamp("process group")
     record_config_in_checkpoints(accelerator, config, overrides)
     recipe = importlib.import_module(recipe_module(cfg.recipe))
     logger.info("Running recipe %s on %s", cfg.recipe, accelerator)

@@ -217,19 +217,24 @@ class ShardedBatchSampler(Sampler[list[int]]):
         # The epoch's first global batch pads its short last one, also in a pass that resumes mid-epoch,
         # so an interrupted epoch sees exactly the samples of an uninterrupted one.
         head = list(itertools.islice(indices, self.global_batch_size))
-        batch: list[int] = []
         # Skipped samples cost index arithmetic only, never a sample load.
-        for index in itertools.islice(itertools.chain(head, indices), skip, None):
-            batch.append(index)
-            if len(batch) == self.global_batch_size:
-                yield batch
-                batch = []
-        if batch and (last := self.sharding.last_batch(batch, head)):
-            yield last
+        stream = itertools.islice(itertools.chain(head, indices), skip, None)
+        while batch := list(itertools.islice(stream, self.global_batch_size)):
+            if len(batch) < self.global_batch_size:
+                if last := self.sharding.last_batch(batch, head):
+                    yield last
+                return
+            yield batch
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self.sharding.num_processes == 1:
+            yield from self.global_batches()
+            return
+        start, stop = self.process_index * self.per_process, (self.process_index + 1) * self.per_process
         for batch in self.global_batches():
-            if mine := self.sharding.rank_slice(batch):
+            if len(batch) == self.global_batch_size:
+                yield batch[start:stop]
+            elif mine := self.sharding.rank_slice(batch):
                 yield mine
 
     def num_batches(self, skipped: int = 0) -> int:

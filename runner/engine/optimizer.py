@@ -203,6 +203,8 @@ class AcceleratedScheduler:
         self.gradient_state = gradient_state
         self.step_with_optimizer = step_with_optimizer
         self.steps_per_call = 1 if split_batches else num_processes
+        # OneCycleLR raises past its total_steps; stepping stops there instead.
+        self._total_steps = getattr(scheduler, "total_steps", None)
 
     def step(self, *args, **kwargs) -> None:
         if not self.step_with_optimizer:
@@ -210,12 +212,11 @@ class AcceleratedScheduler:
             return
         if not self.gradient_state.sync_gradients:
             return
-        if any(opt.step_was_skipped for opt in self.optimizers):
-            return
+        for optimizer in self.optimizers:
+            if optimizer._step_was_skipped:
+                return
         for _ in range(self.steps_per_call):
-            # OneCycleLR raises past its total_steps; stop there instead.
-            total_steps = getattr(self.scheduler, "total_steps", None)
-            if total_steps is not None and self.scheduler.last_epoch >= total_steps:
+            if self._total_steps is not None and self.scheduler.last_epoch >= self._total_steps:
                 return
             self.scheduler.step(*args, **kwargs)
 

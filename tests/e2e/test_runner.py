@@ -31,7 +31,13 @@ def test_default_experiment_on_one_process(tmp_path):
     assert [step for step, _ in logged["train/loss"]] == [10, 20]
     assert logged["eval/accuracy"] == [(20, summary["eval/accuracy"])]
     assert {"train/lr", "train/samples_per_second"} <= set(logged)
-    assert "step 20/20" in (run / "run.log").read_text()
+    log = (run / "run.log").read_text()
+    assert "step 20/20" in log
+    phases = re.search(r"Start-up: first optimizer step [\d.]+ s after the command \((.*)\)", log).group(1)
+    assert [part.rsplit(" ", 2)[0] for part in phases.split(", ")] == [
+        "check the command line", "compose with Hydra", "import torch", "validate and check data",
+        "start workers", "process group", "build and prepare", "first optimizer step",
+    ]  # fmt: skip
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint_0"]
     manifest = json.loads((run / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())
     assert (manifest["step"], manifest["epoch"], len(manifest["config_sha256"])) == (20, 0, 64)

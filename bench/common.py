@@ -1,0 +1,79 @@
+"""What every benchmark shares: interleaved rounds, medians, ratios, and one report format.
+
+Contenders run in the same process, in turn (A B A B ...), so the machine's noise hits them alike;
+only medians and their ratios are reported. Each benchmark's ``--json`` writes the same numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python bench/x.py` from a checkout without an install
+    sys.path.insert(0, str(ROOT))
+
+
+def arguments(doc: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small version that runs in seconds (CI)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    return parser.parse_args()
+
+
+def interleave(contenders: dict[str, Callable[[], float | None]], rounds: int, warmup: int = 1) -> dict[str, float]:
+    """Run every contender once per round, in turn; return each one's median.
+
+    A contender returns the quantity it measured itself (seconds per step, say), or None to be
+    timed whole. The first ``warmup`` rounds are discarded.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for round_ in range(warmup + rounds):
+        for name, contender in contenders.items():
+            start = time.perf_counter()
+            measured = contender()
+            elapsed = time.perf_counter() - start
+            if round_ >= warmup:
+                samples[name].append(elapsed if measured is None else measured)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+@dataclass
+class Report:
+    """Lines of a benchmark's printed report and the matching JSON."""
+
+    title: str
+    values: dict[str, float] = field(default_factory=dict)
+    ratios: dict[str, dict] = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
+
+    def value(self, name: str, number: float, unit: str, *, scale: float = 1.0) -> None:
+        self.values[name] = number
+        self.lines.append(f"  {name:<34} {number * scale:12.2f} {unit}")
+
+    def ratio(self, name: str, number: float, target: str | None = None) -> None:
+        met = None if target is None else _meets(number, target)
+        self.ratios[name] = {"ratio": number, "target": target, "met": met}
+        suffix = "" if target is None else f"   target {target}: {'met' if met else 'MISSED'}"
+        self.lines.append(f"  {name:<34} {number:12.3f}x{suffix}")
+
+    def note(self, text: str) -> None:
+        self.lines.append(f"  {text}")
+
+    def finish(self, json_path: Path | None) -> None:
+        print(self.title)
+        print("\n".join(self.lines))
+        if json_path is not None:
+            results = {"title": self.title, "values": self.values, "ratios": self.ratios}
+            json_path.write_text(json.dumps(results, indent=2))
+
+
+def _meets(number: float, target: str) -> bool:
+    operator, bound = target.split()
+    return number <= float(bound.rstrip("x")) if operator == "<=" else number >= float(bound.rstrip("x"))

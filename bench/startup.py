@@ -1,0 +1,95 @@
+"""Start-up: --help and config checks without torch, the engine's import cost, and command to first step.
+
+    python bench/startup.py           # 5 rounds of the quick commands, 3 runs of each training command
+    python bench/startup.py --quick   # 2 rounds, 1 run each (what CI runs)
+
+- `python -m runner --help` and a rejected override (`trainer.max_step=3`, exit code 2): wall time
+  per command (target < 0.5 s), and whether torch was imported (it must not be: `-X importtime`).
+- `import runner.engine` vs `import torch`, each in a fresh interpreter, interleaved (target <= 1.1x).
+- `python -m runner` and `experiment=mnist_ddp` (1 step, small MNIST slices) from the command to the
+  first optimizer step, split into the phases the runner stamps (see runner/startup.py).
+
+MNIST is read from --data (default ../shared/data/mnist beside the checkout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import ROOT, Report, interleave
+
+STARTUP_LINE = re.compile(r"Start-up: first optimizer step ([\d.]+) s after the command \((.*)\)")
+
+
+def python(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def imports_torch(*args: str, cwd: Path) -> bool:
+    result = python("-X", "importtime", *args, cwd=cwd)
+    modules = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line]
+    return any(module.split(".")[0] == "torch" for module in modules)
+
+
+def first_step(overrides: list[str], data: str, cwd: Path) -> dict[str, float]:
+    """Seconds from launching the command to the first optimizer step, and per phase."""
+    env = {**os.environ, "RUNNER_STARTUP": f"spawned={time.time():.6f}"}
+    args = ["-m", "runner", *overrides, f"data.root={data}", 'data.train_split="test[:1024]"',
+            'data.eval_split="test[1024:1280]"', "trainer.max_steps=1", "trainer.progress_bar=false"]  # fmt: skip
+    result = python(*args, cwd=cwd, env=env)
+    match = STARTUP_LINE.search(result.stdout + result.stderr)
+    if result.returncode != 0 or match is None:
+        raise RuntimeError(f"python -m runner {' '.join(overrides)} failed:\n{result.stderr[-3000:]}")
+    phases = {"total": float(match.group(1))}
+    for part in match.group(2).split(", "):
+        name, seconds, _ = part.rsplit(" ", 2)
+        phases[name] = float(seconds)
+    return phases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (CI)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "mnist"), help="MNIST IDX folder")
+    args = parser.parse_args()
+    rounds, runs = (2, 1) if args.quick else (5, 3)
+    report = Report("Start-up")
+    with tempfile.TemporaryDirectory() as tmp:
+        cwd = Path(tmp)
+        quick = interleave(
+            {
+                "python -c pass": lambda: python("-c", "pass", cwd=cwd) and None,
+                "python -m runner --help": lambda: python("-m", "runner", "--help", cwd=cwd) and None,
+                "rejected override": lambda: python("-m", "runner", "trainer.max_step=3", cwd=cwd) and None,
+                "import torch": lambda: python("-c", "import torch", cwd=cwd) and None,
+                "import runner.engine": lambda: python("-c", "import runner.engine", cwd=cwd) and None,
+            },
+            rounds,
+        )
+        for name, seconds in quick.items():
+            report.value(f"{name} (s)", seconds, "s")
+        report.value("--help imports torch", float(imports_torch("-m", "runner", "--help", cwd=cwd)), "(0 = no)")
+        rejected = imports_torch("-m", "runner", "trainer.max_step=3", cwd=cwd)
+        report.value("rejected override imports torch", float(rejected), "(0 = no)")
+        report.ratio("import runner.engine / import torch", quick["import runner.engine"] / quick["import torch"],
+                     "<= 1.1x")  # fmt: skip
+        for label, overrides in {"python -m runner": [], "experiment=mnist_ddp": ["experiment=mnist_ddp"]}.items():
+            samples = [first_step(overrides, args.data, cwd) for _ in range(runs)]
+            medians = {phase: statistics.median(s[phase] for s in samples) for phase in samples[0]}
+            report.value(f"{label}: to first step (s)", medians.pop("total"), "s")
+            for phase, seconds in medians.items():
+                report.value(f"  {phase}", seconds, "s")
+    report.finish(args.json)
+
+
+if __name__ == "__main__":
+    main()

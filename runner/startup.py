@@ -1,0 +1,60 @@
+"""Where a run's start-up time goes, from the command to its first optimizer step.
+
+Each phase is stamped when it ends, in an environment variable, so the workers a launcher starts
+inherit the launching process's stamps and add their own. Rank 0 logs one line after its first
+optimizer step, e.g.::
+
+    Start-up: first optimizer step 4.07 s after the command (check the command line 0.23 s, compose
+    with Hydra 0.06 s, import torch 1.10 s, validate and check data 0.03 s, start workers 1.26 s,
+    process group 0.05 s, build and prepare 1.19 s, first optimizer step 0.13 s)
+
+Whoever starts the command may stamp its own start first (``RUNNER_STARTUP=spawned=<time.time()>``),
+which adds the interpreter's start and imports as a phase (bench/startup.py does).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+STARTUP_ENV = "RUNNER_STARTUP"
+logger = logging.getLogger("runner")
+
+
+def stamp(phase: str) -> None:
+    """Record that ``phase`` ended now; processes started after this inherit the record."""
+    previous = os.environ.get(STARTUP_ENV, "")
+    os.environ[STARTUP_ENV] = f"{previous};{phase}={time.time():.6f}" if previous else f"{phase}={time.time():.6f}"
+
+
+def stamps() -> list[tuple[str, float]]:
+    """The phases stamped so far, in order, with the time each ended."""
+    found = []
+    for entry in filter(None, os.environ.get(STARTUP_ENV, "").split(";")):
+        phase, _, when = entry.rpartition("=")
+        try:
+            found.append((phase, float(when)))
+        except ValueError:
+            return []  # not ours: report nothing rather than nonsense
+    return found
+
+
+def summary() -> str | None:
+    """One sentence: the time from the first stamp to the last, and each phase's share."""
+    found = stamps()
+    if len(found) < 2:
+        return None
+    durations = [(phase, end - start) for (_, start), (phase, end) in zip(found, found[1:], strict=False)]
+    phases = ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds in durations)
+    return f"Start-up: {found[-1][0]} {found[-1][1] - found[0][1]:.2f} s after the command ({phases})"
+
+
+def log_first_step() -> None:
+    """Stamp the first optimizer step and log the summary (the first start of a run only)."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0):
+        return  # after a restart the launching process's stamps no longer describe this start
+    stamp("first optimizer step")
+    line = summary()
+    if line:
+        logger.info(line)
