@@ -9,31 +9,28 @@ machine noise hits all of them alike; the report gives medians and ratios to saf
   tensors are written), including the manifest with every file's sha256 and its verification on load.
 - safetensors: save_file(model.state_dict()) / load_file() + load_state_dict(), the same tensors.
 - memory copy: cloning the tensors in memory, the floor no file format can beat.
-- sha256: reading the weights file back and hashing it, the price of the manifest's checksums.
+- sha256: reading the weights file back and hashing it as the manifest does (32 MiB slices in
+  parallel threads), the price of the manifest's checksums.
 - save_state_async: save_state(async_commit=True), timed until it returns (the training loop's wait);
   rank 0 then hashes and commits in the background, awaited untimed before the next contender.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from common import Report, arguments
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from runner.engine import Accelerator  # noqa: E402
-from runner.engine.manifest import sha256_of  # noqa: E402
+from runner.engine import Accelerator
+from runner.engine.manifest import chunk_digests
 
 
 def build_model(width: int, depth: int) -> nn.Module:
@@ -57,7 +54,7 @@ def contenders(accelerator, model, state_dir: Path, file: Path, copies: dict) ->
         ),
         "save_file": lambda: save_file(model.state_dict(), str(file)),
         "copy_save": lambda: copies.update({k: v.clone() for k, v in model.state_dict().items()}),
-        "sha256": lambda: sha256_of(state_dir / "model.safetensors"),
+        "sha256": lambda: chunk_digests([state_dir / "model.safetensors"]),
         "load_state": lambda: accelerator.load_state(state_dir),
         "load_unverified": lambda: accelerator.load_state(state_dir, verify_checksums=False),
         "load_file": lambda: model.load_state_dict(load_file(str(file))),
@@ -101,22 +98,24 @@ def run(width: int, depth: int, rounds: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a small model and two rounds")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args()
+    args = arguments(__doc__)
     result = run(width=512, depth=16, rounds=2) if args.quick else run(width=2048, depth=24, rounds=5)
-    print(f"{result['parameters'] / 1e6:.1f}M parameters, {result['megabytes']:.0f} MB, {result['rounds']} rounds")
+    size = f"{result['parameters'] / 1e6:.1f}M parameters, {result['megabytes']:.0f} MB"
+    report = Report(f"Checkpoints: {size}, {result['rounds']} rounds")
+    report.values.update(parameters=result["parameters"], megabytes=result["megabytes"])
     for key, seconds in result["median_seconds"].items():
-        print(f"  {key:<16} {seconds * 1e3:9.1f} ms  {result['MB_per_s'][key]:9.0f} MB/s")
-    print(f"  save_state / save_file = {result['save_ratio_vs_safetensors']:.2f}x (target <= 1.15x)")
-    print(f"  save_state(async_commit=True) / save_file = {result['async_save_ratio_vs_safetensors']:.2f}x")
-    print(f"  load_state / load_file = {result['load_ratio_vs_safetensors']:.2f}x (target <= 1.15x)")
-    print(f"  load_state(verify_checksums=False) / load_file = {result['load_unverified_ratio_vs_safetensors']:.2f}x")
-    print(f"  (save_state - sha256) / save_file = {result['save_without_hash_ratio_vs_safetensors']:.2f}x")
-    print(f"  sha256 / save_file = {result['median_seconds']['sha256'] / result['median_seconds']['save_file']:.2f}x")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        report.value(f"{key} (ms)", seconds, f"ms  {result['MB_per_s'][key]:9.0f} MB/s", scale=1e3)
+    report.ratio("save_state / save_file", result["save_ratio_vs_safetensors"], "<= 1.15x")
+    report.ratio("save_state(async_commit=True) / save_file", result["async_save_ratio_vs_safetensors"])
+    report.ratio("load_state / load_file", result["load_ratio_vs_safetensors"], "<= 1.15x")
+    report.ratio(
+        "load_state(verify_checksums=False) / load_file", result["load_unverified_ratio_vs_safetensors"], "<= 1.15x"
+    )
+    report.ratio("(save_state - sha256) / save_file", result["save_without_hash_ratio_vs_safetensors"])
+    report.ratio("sha256 / save_file", result["median_seconds"]["sha256"] / result["median_seconds"]["save_file"])
+    report.ratio("save_state / memory copy", result["save_ratio_vs_copy"])
+    report.ratio("load_state / memory copy", result["load_ratio_vs_copy"])
+    report.finish(args.json)
 
 
 if __name__ == "__main__":

@@ -55,13 +55,13 @@ class Report:
 
     def value(self, name: str, number: float, unit: str, *, scale: float = 1.0) -> None:
         self.values[name] = number
-        self.lines.append(f"  {name:<34} {number * scale:12.2f} {unit}")
+        self.lines.append(f"  {name:<48} {number * scale:12.2f} {unit}")
 
     def ratio(self, name: str, number: float, target: str | None = None) -> None:
         met = None if target is None else _meets(number, target)
         self.ratios[name] = {"ratio": number, "target": target, "met": met}
         suffix = "" if target is None else f"   target {target}: {'met' if met else 'MISSED'}"
-        self.lines.append(f"  {name:<34} {number:12.3f}x{suffix}")
+        self.lines.append(f"  {name:<48} {number:12.3f}x{suffix}")
 
     def note(self, text: str) -> None:
         self.lines.append(f"  {text}")

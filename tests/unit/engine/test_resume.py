@@ -42,7 +42,9 @@ def check_resume(tmp_path, accumulation, precision, stop_after, *, augment):
     assert manifest["accumulation_step"] == in_epoch  # micro-steps since the epoch began
     mid_cycle = in_epoch % accumulation != 0
     assert ("gradients_0.safetensors" in manifest["files"]) == mid_cycle
-    assert all(len(entry["sha256"]) == 64 for entry in manifest["files"].values())
+    for entry in manifest["files"].values():  # one sha256 per 32 MiB slice of each file
+        assert len(entry["sha256_chunks"]) == max(1, -(-entry["bytes"] // (32 << 20)))
+        assert all(len(digest) == 64 for digest in entry["sha256_chunks"])
     if precision == "no" and accumulation == 1:
         assert manifest["step"] == stop_after and manifest["epoch"] == epoch
 
