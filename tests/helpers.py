@@ -50,7 +50,7 @@ def train(
                 if scheduler:
                     prepared[3].step()
                 optimizer.zero_grad()
-    return {k: v.detach().cpu().clone() for k, v in accelerator.unwrap_model(model).state_dict().items()}
+    return {k: v.detach().cpu().clone() for k, v in accelerator.get_state_dict(model).items()}
 
 
 def assert_state_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float) -> None:
@@ -90,6 +90,7 @@ def resumable_run(
     stop_after: int | None = None,
     resume: bool = False,
     augment: bool = False,
+    fsdp: bool = False,
 ) -> dict:
     """A plain engine script that trains with shuffling and dropout, optionally stopping after
     ``stop_after`` micro-steps (saving a checkpoint) or resuming from the newest checkpoint.
@@ -97,13 +98,15 @@ def resumable_run(
     Returns what a comparison needs: the sample ids each micro-step used, the losses, and (when it
     ran to the end) the final weights and optimizer state.
     """
-    from runner.engine import Accelerator, GradScalerKwargs, ProjectConfiguration
+    from runner.engine import Accelerator, FullyShardedDataParallelPlugin, GradScalerKwargs, ProjectConfiguration
+    from runner.engine.sharded_state import gather_full
 
     accelerator = Accelerator(
         gradient_accumulation_steps=accumulation,
         mixed_precision=precision,
         project_config=ProjectConfiguration(str(project_dir), automatic_checkpoint_naming=True),
         kwargs_handlers=[GradScalerKwargs(init_scale=2.0**10, growth_interval=3)],
+        fsdp_plugin=FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Linear"]) if fsdp else None,
     )
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Dropout(0.2), nn.Linear(16, 1))
@@ -136,8 +139,11 @@ def resumable_run(
         "seen": seen,
         "losses": losses,
         "rank": accelerator.process_index,
-        "weights": {k: v.clone() for k, v in accelerator.unwrap_model(model).state_dict().items()},
-        "optimizer": optimizer.state_dict(),
+        "weights": {k: v.clone() for k, v in accelerator.get_state_dict(model).items()},
+        # Under FSDP the full state, keyed by parameter name (every rank takes part in gathering it).
+        "optimizer": gather_full([accelerator.unwrap_model(model)], [optimizer])[1][0]
+        if fsdp
+        else optimizer.state_dict(),
         "scale": accelerator.scaler.get_scale() if accelerator.scaler else None,
     }
 

@@ -13,7 +13,7 @@ from runner.engine.distributed import DistributedType
 from runner.engine.launchers import debug_launcher, notebook_launcher
 from runner.engine.memory import find_executable_batch_size
 from runner.engine.optimizer import AcceleratedOptimizer, AcceleratedScheduler, GradientAccumulationPlugin
-from runner.engine.parallel import DistributedDataParallelKwargs
+from runner.engine.parallel import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin
 from runner.engine.precision import AutocastKwargs, GradScalerKwargs
 from runner.engine.rng import set_seed
 from runner.engine.serialization import load_checkpoint_in_model
@@ -27,6 +27,7 @@ __all__ = [
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
     "DistributedType",
+    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "ProjectConfiguration",

@@ -31,11 +31,18 @@ from runner.engine.optimizer import (
     GradientAccumulationPlugin,
     GradientState,
 )
-from runner.engine.parallel import DistributedDataParallelKwargs, select_strategy, unwrap_module
+from runner.engine.parallel import (
+    DistributedDataParallelKwargs,
+    FullyShardedDataParallelPlugin,
+    select_strategy,
+    unwrap_module,
+)
+from runner.engine.parallel.fsdp import parameter_names, repoint_optimizer
 from runner.engine.precision import (
     AutocastKwargs,
     GradScalerKwargs,
     Precision,
+    PrecisionType,
     parse_mixed_precision,
     remove_autocast,
 )
@@ -63,7 +70,7 @@ def _sort_kwargs_handlers(handlers: list | None) -> dict[type, Any]:
 
 
 class Accelerator:
-    """Runs a plain PyTorch training loop on one process, or many with DDP, in mixed precision.
+    """Runs a plain PyTorch training loop on one process, or many with DDP or FSDP, in mixed precision.
 
     Args:
         device_placement: Move prepared models and batches to ``self.device``.
@@ -81,6 +88,7 @@ class Accelerator:
             state wins): any of ``"torch"``, ``"cuda"``, ``"python"``, ``"numpy"``, ``"generator"``.
         kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``, ``AutocastKwargs``.
         gradient_accumulation_plugin: Accumulation settings; overrides ``gradient_accumulation_steps``.
+        fsdp_plugin: Shard models with FSDP2 (see :class:`FullyShardedDataParallelPlugin`) instead of DDP.
 
     Example:
         >>> accelerator = Accelerator(mixed_precision="bf16")
@@ -107,6 +115,7 @@ class Accelerator:
         rng_types: list[str] | None = None,
         kwargs_handlers: list | None = None,
         gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
     ) -> None:
         self.state = read_environment(cpu=cpu)
         init_process_group(self.state)
@@ -135,7 +144,12 @@ class Accelerator:
         self.scaler = self._precision.scaler
         plugin = gradient_accumulation_plugin or GradientAccumulationPlugin(num_steps=gradient_accumulation_steps)
         self.gradient_state = GradientState(plugin)
-        self._strategy = select_strategy(self.state, ddp_kwargs=handlers.get(DistributedDataParallelKwargs))
+        self._strategy = select_strategy(
+            self.state,
+            ddp_kwargs=handlers.get(DistributedDataParallelKwargs),
+            fsdp_plugin=fsdp_plugin,
+            param_dtype={PrecisionType.BF16: torch.bfloat16, PrecisionType.FP16: torch.float16}.get(precision),
+        )
 
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
@@ -172,7 +186,7 @@ class Accelerator:
 
     @property
     def distributed_type(self) -> DistributedType:
-        return self.state.distributed_type
+        return DistributedType.FSDP if self._strategy.name == "fsdp" else self.state.distributed_type
 
     @property
     def use_distributed(self) -> bool:
@@ -230,8 +244,17 @@ class Accelerator:
         elif len(device_placement) != len(args):
             raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects.")
         prepared = list(args)
+        # Models first: under FSDP sharding replaces their parameters, which optimizers must then hold.
+        models = [obj for obj in args if isinstance(obj, nn.Module)]
+        before = parameter_names(models) if self._strategy.name == "fsdp" else None
         for i, (obj, place) in enumerate(zip(args, device_placement, strict=True)):
-            if not isinstance(obj, _SCHEDULER_TYPES):
+            if isinstance(obj, nn.Module):
+                prepared[i] = self._prepare_one(obj, device_placement=place)
+        for obj in args:
+            if before and isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer):
+                repoint_optimizer(obj, before)
+        for i, (obj, place) in enumerate(zip(args, device_placement, strict=True)):
+            if not isinstance(obj, (nn.Module, *_SCHEDULER_TYPES)):
                 prepared[i] = self._prepare_one(obj, device_placement=place)
         for i, obj in enumerate(args):
             if isinstance(obj, _SCHEDULER_TYPES):
@@ -363,7 +386,7 @@ class Accelerator:
         if not self.sync_gradients:
             return None
         self.unscale_gradients()
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return self._strategy.total_norm(torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type))
 
     def clip_grad_value_(self, parameters, clip_value: float) -> None:
         """Clamp every gradient to ``[-clip_value, clip_value]``, after unscaling under fp16."""
@@ -481,8 +504,12 @@ class Accelerator:
         return module if keep_fp32_wrapper else remove_autocast(module)
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        """The model's full state dict, with the wrappers' prefixes removed."""
-        return (self.unwrap_model(model) if unwrap else model).state_dict()
+        """The model's full state dict, with the wrappers' prefixes removed.
+
+        Under FSDP it is gathered from every rank to the main process's CPU (the others get an empty
+        dict, as in Accelerate), so every process must call it.
+        """
+        return self._strategy.full_state_dict(model) if unwrap else model.state_dict()
 
     def save_model(
         self,
@@ -491,7 +518,8 @@ class Accelerator:
         max_shard_size: int | str = "10GB",
         safe_serialization: bool = True,
     ) -> None:
-        """Write the model's weights (main process only): ``model.safetensors``, or shards and an index.
+        """Write the model's full weights: ``model.safetensors``, or shards and an index (main process writes;
+        under FSDP every process must call it, to gather the shards).
 
         Example:
             >>> accelerator.save_model(model, "out/model", max_shard_size="1GB")

@@ -25,6 +25,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from runner.engine import manifest as manifests
+from runner.engine import sharded_state
 from runner.engine.constants import (
     CHECKPOINT_PREFIX,
     CHECKPOINTS_DIR,
@@ -180,6 +181,8 @@ class TrainingState:
     weights: Sequence[dict[str, torch.Tensor]] | None = None
     # Saved (per rank) when the checkpoint falls in the middle of a gradient accumulation cycle.
     save_gradients: bool = False
+    # Under FSDP: "sharded" (every rank writes its shards through DCP) or "full" (gathered to rank 0).
+    fsdp: str | None = None
 
 
 def staging_dir(target: Path) -> Path:
@@ -214,6 +217,11 @@ def save_training_state(
     Returns:
         Rank 0's pending commit when ``committer`` is given, else None.
     """
+    if state.fsdp and state.save_gradients:
+        raise CheckpointError(
+            "save_state under FSDP needs a gradient accumulation cycle boundary (sharded gradients pending "
+            "between syncs are not saved); save when accelerator.sync_gradients is True."
+        )
     staging = staging_dir(target)
     if rank == 0:
         if staging.exists():
@@ -222,8 +230,13 @@ def save_training_state(
     barrier()  # the staging folder exists before anyone writes into it
     if before_write is not None:
         before_write(staging)
+    optimizer_states = None
+    if state.fsdp == "sharded":
+        sharded_state.save_sharded(staging, state.models, state.optimizers, indexed_name)
+    elif state.fsdp == "full":  # a collective: every rank sends its shards to rank 0
+        state.weights, optimizer_states = sharded_state.gather_full(state.models, state.optimizers)
     if rank == 0:
-        _write_main_state(staging, state)
+        _write_main_state(staging, state, optimizer_states)
     _torch_save_atomically(get_rng_state(), staging / rng_state_name(rank))
     if state.save_gradients:
         save_safetensors(_gradients(state.models), staging / gradients_name(rank))
@@ -243,12 +256,14 @@ def save_training_state(
     return None
 
 
-def _write_main_state(staging: Path, state: TrainingState) -> None:
-    weights = state.weights if state.weights is not None else [model.state_dict() for model in state.models]
-    for i, state_dict in enumerate(weights):
-        save_safetensors(state_dict, staging / indexed_name(MODEL_NAME, i, ".safetensors"))
-    for i, optimizer in enumerate(state.optimizers):
-        _torch_save_atomically(optimizer.state_dict(), staging / indexed_name(OPTIMIZER_NAME, i, ".bin"))
+def _write_main_state(staging: Path, state: TrainingState, optimizer_states: list | None = None) -> None:
+    if state.fsdp != "sharded":  # sharded models and optimizers are already written by every rank
+        weights = state.weights if state.weights is not None else [model.state_dict() for model in state.models]
+        for i, state_dict in enumerate(weights):
+            save_safetensors(state_dict, staging / indexed_name(MODEL_NAME, i, ".safetensors"))
+        optimizer_states = optimizer_states or [optimizer.state_dict() for optimizer in state.optimizers]
+        for i, optimizer_state in enumerate(optimizer_states):
+            _torch_save_atomically(optimizer_state, staging / indexed_name(OPTIMIZER_NAME, i, ".bin"))
     for i, scheduler in enumerate(state.schedulers):
         _torch_save_atomically(scheduler.state_dict(), staging / indexed_name(SCHEDULER_NAME, i, ".bin"))
     if state.scaler is not None:
@@ -371,16 +386,16 @@ def load_training_state(
             f"with gradient_accumulation_steps={manifest.get('accumulation_steps')}; resume it with the same "
             "settings, or save at a cycle boundary to change them."
         )
-    expected = [indexed_name(MODEL_NAME, i, ".safetensors") for i in range(len(state.models))]
-    saved_models = sorted(name for name in files if name.startswith(MODEL_NAME) and name.endswith(".safetensors"))
-    if sorted(expected) != saved_models:
+    saved_models = [name for name in files if re.fullmatch(rf"{MODEL_NAME}(_\d+)?(\.safetensors|/\.metadata)", name)]
+    if len(saved_models) != len(state.models):
         raise CheckpointError(
             f"{checkpoint} holds {len(saved_models)} model(s) but {len(state.models)} were prepared; prepare "
             "the same models as the run that saved it."
         )
-    for name, model in zip(expected, state.models, strict=True):
-        _load_model(checkpoint / name, model)
-    _load_each(checkpoint, state.optimizers, OPTIMIZER_NAME, ".bin", files)
+    for i, model in enumerate(state.models):
+        _load_model_state(checkpoint, i, model, files, sharded_model=state.fsdp is not None)
+    for i, optimizer in enumerate(state.optimizers):
+        _load_optimizer_state(checkpoint, i, optimizer, state, files)
     _load_each(checkpoint, state.schedulers, SCHEDULER_NAME, ".bin", files)
     if state.scaler is not None and SCALER_NAME in files:
         state.scaler.load_state_dict(_torch_load(checkpoint / SCALER_NAME))
@@ -410,6 +425,40 @@ def _load_gradients(path: Path, models: Sequence[torch.nn.Module]) -> None:
         for name, parameter in model.named_parameters():
             saved = gradients.get(f"{i}.{name}")
             parameter.grad = None if saved is None else saved.to(parameter.device, parameter.dtype)
+
+
+def _load_model_state(checkpoint: Path, i: int, model: torch.nn.Module, files: dict, *, sharded_model: bool) -> None:
+    """Model ``i`` from DCP shards (saved under FSDP) or safetensors, into a sharded or plain model."""
+    folder = indexed_name(MODEL_NAME, i, "")
+    try:
+        if f"{folder}/.metadata" in files:
+            sharded_state.load_model(checkpoint / folder, model)
+            return
+        path = checkpoint / indexed_name(MODEL_NAME, i, ".safetensors")
+        if sharded_model:
+            sharded_state.load_model(load_safetensors(path), model)
+            return
+    except (RuntimeError, KeyError, ValueError) as error:
+        detail = str(error).strip().splitlines()[-1].strip() if str(error).strip() else type(error).__name__
+        raise CheckpointError(
+            f"{checkpoint / folder} does not fit the prepared model ({detail}); load a checkpoint of the same model."
+        ) from None
+    _load_model(path, model)
+
+
+def _load_optimizer_state(checkpoint: Path, i: int, optimizer: Any, state: TrainingState, files: dict) -> None:
+    folder = indexed_name(OPTIMIZER_NAME, i, "")
+    if f"{folder}/.metadata" in files:
+        sharded_state.load_optimizer(checkpoint / folder, optimizer, state.models)
+        return
+    name = indexed_name(OPTIMIZER_NAME, i, ".bin")
+    if name not in files:
+        raise CheckpointError(f"{checkpoint} has no {name}; prepare the same objects as the run that saved it.")
+    saved = _torch_load(checkpoint / name)
+    if state.fsdp is not None:  # a full optimizer state, keyed by parameter name
+        sharded_state.load_optimizer(saved, optimizer, state.models)
+    else:
+        optimizer.load_state_dict(saved)
 
 
 def _load_model(path: Path, model: torch.nn.Module) -> None:
@@ -463,6 +512,7 @@ class Checkpointer:
             scaler=accelerator.scaler,
             custom_objects=accelerator._custom_objects,
             weights=weights,
+            fsdp=getattr(accelerator._strategy, "checkpoint_format", None),
         )
 
     def _target(self, accelerator, output_dir: str | os.PathLike | None) -> Path:
@@ -488,7 +538,9 @@ class Checkpointer:
         config = accelerator.project_configuration
         target = self._target(accelerator, output_dir)
         models = [accelerator.unwrap_model(model) for model in accelerator._models]
-        weights = [model.state_dict() for model in models]
+        # Under FSDP the weights are shards, saved through DCP or gathered during the save: hooks get none.
+        sharded = getattr(accelerator._strategy, "checkpoint_format", None) is not None
+        weights = [] if sharded else [model.state_dict() for model in models]
 
         def run_hooks(staging: Path) -> None:
             for hook in self.save_hooks.values():

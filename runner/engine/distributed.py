@@ -26,6 +26,7 @@ class DistributedType(str, enum.Enum):
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
+    FSDP = "FSDP"
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,12 @@ def chunk_digests(paths: list[Path], chunk_bytes: int = CHUNK_BYTES) -> list[lis
 
 
 def write_manifest(staging: Path, *, world_size: int, iteration: int | None, metadata: dict[str, Any]) -> None:
-    paths = [p for p in sorted(staging.iterdir()) if p.is_file()]
+    paths = sorted(p for p in staging.rglob("*") if p.is_file())  # with the DCP folders of FSDP checkpoints
     digests = chunk_digests(paths)
-    files = {p.name: {"bytes": p.stat().st_size, "sha256_chunks": d} for p, d in zip(paths, digests, strict=True)}
+    files = {
+        p.relative_to(staging).as_posix(): {"bytes": p.stat().st_size, "sha256_chunks": d}
+        for p, d in zip(paths, digests, strict=True)
+    }
     manifest = {
         "format": MANIFEST_FORMAT,
         "chunk_bytes": CHUNK_BYTES,

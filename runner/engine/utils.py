@@ -15,7 +15,7 @@ from runner.engine.ops import (
     send_to_device,
 )
 from runner.engine.optimizer import GradientAccumulationPlugin
-from runner.engine.parallel import DistributedDataParallelKwargs
+from runner.engine.parallel import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin
 from runner.engine.precision import AutocastKwargs, GradScalerKwargs, PrecisionType
 from runner.engine.rng import set_seed, synchronize_rng_states
 from runner.engine.serialization import load_checkpoint_in_model
@@ -25,6 +25,7 @@ __all__ = [
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
     "DistributedType",
+    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "PrecisionType",

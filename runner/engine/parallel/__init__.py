@@ -1,8 +1,8 @@
 """Parallel strategies: one module each, behind one small interface, chosen once per Accelerator.
 
 A strategy wraps a plain ``nn.Module`` (models never know how they are parallelised), provides the
-context that skips gradient synchronisation during accumulation, and unwraps back to the original
-module.
+context that skips gradient synchronisation during accumulation, the model's full state dict, and
+the total norm of its gradients.
 """
 
 from __future__ import annotations
@@ -10,11 +10,14 @@ from __future__ import annotations
 from runner.engine.distributed import DistributedEnvironment
 from runner.engine.parallel.base import ParallelStrategy, unwrap_module
 from runner.engine.parallel.ddp import DDPStrategy, DistributedDataParallelKwargs
+from runner.engine.parallel.fsdp import FSDPStrategy, FullyShardedDataParallelPlugin
 from runner.engine.parallel.none import SingleProcessStrategy
 
 __all__ = [
     "DDPStrategy",
     "DistributedDataParallelKwargs",
+    "FSDPStrategy",
+    "FullyShardedDataParallelPlugin",
     "ParallelStrategy",
     "SingleProcessStrategy",
     "select_strategy",
@@ -23,9 +26,15 @@ __all__ = [
 
 
 def select_strategy(
-    env: DistributedEnvironment, *, ddp_kwargs: DistributedDataParallelKwargs | None = None
+    env: DistributedEnvironment,
+    *,
+    ddp_kwargs: DistributedDataParallelKwargs | None = None,
+    fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+    param_dtype=None,
 ) -> ParallelStrategy:
-    """The strategy for this environment: DDP across several processes, else none."""
+    """FSDP when a plugin is given; otherwise DDP across several processes, else none."""
+    if fsdp_plugin is not None:
+        return FSDPStrategy(env, fsdp_plugin, param_dtype)
     if env.is_distributed:
         return DDPStrategy(env, ddp_kwargs or DistributedDataParallelKwargs())
     return SingleProcessStrategy()

@@ -9,6 +9,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from runner.engine.distributed import DistributedEnvironment
+from runner.engine.parallel.base import ReplicatedModelStrategy
 
 
 @dataclass
@@ -34,7 +35,7 @@ class DistributedDataParallelKwargs:
         }
 
 
-class DDPStrategy:
+class DDPStrategy(ReplicatedModelStrategy):
     name = "ddp"
 
     def __init__(self, env: DistributedEnvironment, kwargs: DistributedDataParallelKwargs) -> None:

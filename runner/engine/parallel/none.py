@@ -6,8 +6,10 @@ import contextlib
 
 from torch import nn
 
+from runner.engine.parallel.base import ReplicatedModelStrategy
 
-class SingleProcessStrategy:
+
+class SingleProcessStrategy(ReplicatedModelStrategy):
     name = "none"
 
     def wrap_model(self, model: nn.Module) -> nn.Module:

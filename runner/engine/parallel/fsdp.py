@@ -1,0 +1,181 @@
+"""FSDP2: parameters, gradients and optimizer state sharded across ranks (``torch.distributed.fsdp.fully_shard``).
+
+Order inside ``prepare`` (getting it wrong silently trains the wrong tensors):
+
+1. Activation checkpointing wraps each shard unit (so recomputation happens inside the unit).
+2. ``fully_shard`` is applied to every unit, deepest first, then to the root: a unit must be
+   sharded before any module that contains it, so each parameter belongs to exactly one unit.
+3. Only then do optimizers learn their parameters: sharding replaces every parameter with a
+   sharded DTensor, so an optimizer built from the model before ``prepare`` still points at the
+   old tensors. ``prepare`` re-points it (matching parameters by name) when the model and its
+   optimizer are prepared in the same call, and refuses an optimizer that already holds state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from runner.engine.distributed import DistributedEnvironment
+from runner.engine.parallel.base import unwrap_module
+
+
+@dataclass
+class FullyShardedDataParallelPlugin:
+    """FSDP2 settings (Accelerate's names where it has them).
+
+    Args:
+        transformer_cls_names_to_wrap: Class names of the modules that become shard units (a GPT's
+            block, say); each unit's parameters are gathered just before it runs and freed after.
+            Empty: the whole model is one unit.
+        reshard_after_forward: Free the gathered parameters after each unit's forward (less memory,
+            gathered again for backward) rather than keep them until backward.
+        cpu_offload: Keep the sharded parameters, gradients and optimizer step on the CPU.
+        activation_checkpointing: Recompute each unit's activations in backward instead of keeping them.
+        state_dict_type: ``SHARDED_STATE_DICT``: ``save_state`` writes every rank's shards through
+            torch.distributed.checkpoint (loads on any number of processes). ``FULL_STATE_DICT``:
+            rank 0 gathers the full model and optimizer state on the CPU and writes them as without
+            FSDP.
+    """
+
+    transformer_cls_names_to_wrap: list[str] = field(default_factory=list)
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+    activation_checkpointing: bool = False
+    state_dict_type: str = "SHARDED_STATE_DICT"
+
+    def __post_init__(self) -> None:
+        if self.state_dict_type not in ("SHARDED_STATE_DICT", "FULL_STATE_DICT"):
+            raise ValueError(
+                f"state_dict_type={self.state_dict_type!r} is not supported; use 'SHARDED_STATE_DICT' or "
+                "'FULL_STATE_DICT'."
+            )
+
+
+class FSDPStrategy:
+    name = "fsdp"
+
+    def __init__(self, env: DistributedEnvironment, plugin: FullyShardedDataParallelPlugin, param_dtype) -> None:
+        self.env = env
+        self.plugin = plugin
+        self.param_dtype = param_dtype  # from mixed_precision: the dtype units compute in, or None
+        # How save_state writes models and optimizers (see runner.engine.sharded_state).
+        self.checkpoint_format = "sharded" if plugin.state_dict_type == "SHARDED_STATE_DICT" else "full"
+
+    def _mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(self.env.device.type, (self.env.world_size,))
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        if not self.env.is_distributed:
+            return model  # one process: nothing to shard; checkpoints still use the sharded format
+        names = set(self.plugin.transformer_cls_names_to_wrap)
+        found = {type(module).__name__ for module in model.modules()}
+        missing = sorted(names - found)
+        if missing:
+            raise ValueError(
+                f"No module of class {missing[0]} in the model to shard (its classes include "
+                f"{', '.join(sorted(found)[:8])}); fix transformer_cls_names_to_wrap."
+            )
+        units = [m for m in model.modules() if type(m).__name__ in names and m is not model]
+        if self.plugin.activation_checkpointing:
+            units = [_checkpoint_unit(model, unit) for unit in units]
+        options: dict[str, Any] = {
+            "mesh": self._mesh(),
+            "reshard_after_forward": self.plugin.reshard_after_forward,
+            "mp_policy": MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32),
+            "offload_policy": CPUOffloadPolicy() if self.plugin.cpu_offload else OffloadPolicy(),
+        }
+        for unit in reversed(units):  # module order lists a parent before its children: reversed, deepest first
+            fully_shard(unit, **options)
+        fully_shard(model, **options)
+        return model
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        return _no_gradient_sync(model)
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The whole model's state on rank 0's CPU, gathered from every rank (a collective; {} elsewhere)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        model = unwrap_module(model)
+        if not _is_sharded(model):
+            return model.state_dict()
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(model, options=options)
+
+    @staticmethod
+    def total_norm(norm: torch.Tensor) -> torch.Tensor:
+        """clip_grad_norm_ over sharded gradients returns a DTensor: the norm across all shards."""
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+def _is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+@contextlib.contextmanager
+def _no_gradient_sync(model: nn.Module):
+    model = unwrap_module(model)
+    if not _is_sharded(model):
+        yield
+        return
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def _checkpoint_unit(root: nn.Module, unit: nn.Module) -> nn.Module:
+    """Wrap ``unit`` (in place of it inside ``root``) so its activations are recomputed in backward."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    wrapped = checkpoint_wrapper(unit)
+    for parent in root.modules():
+        for name, child in parent.named_children():
+            if child is unit:
+                setattr(parent, name, wrapped)
+                return wrapped
+    return wrapped
+
+
+def repoint_optimizer(optimizer: torch.optim.Optimizer, before: dict[int, tuple[nn.Module, str]]) -> None:
+    """Make ``optimizer`` hold the sharded parameters in place of the ones it was built with.
+
+    Args:
+        before: :func:`parameter_names` of the models, taken before they were sharded.
+    """
+    owned = [p for group in optimizer.param_groups for p in group["params"] if id(p) in before]
+    if not owned:
+        return
+    if optimizer.state:
+        raise ValueError(
+            "prepare() shards the model's parameters, but this optimizer has already stepped on the unsharded "
+            "ones; build the optimizer fresh and prepare it together with the model."
+        )
+    after = {id(model): dict(_named_parameters(model)) for model, _ in before.values()}
+    for group in optimizer.param_groups:
+        group["params"] = [
+            after[id(before[id(p)][0])][before[id(p)][1]] if id(p) in before else p for p in group["params"]
+        ]
+
+
+def parameter_names(models: list[nn.Module]) -> dict[int, tuple[nn.Module, str]]:
+    """``id(parameter) -> (model, name)`` for every parameter of ``models``."""
+    return {id(parameter): (model, name) for model in models for name, parameter in _named_parameters(model)}
+
+
+def _named_parameters(model: nn.Module):
+    # Activation checkpointing inserts "_checkpoint_wrapped_module." into names: compare without it.
+    for name, parameter in unwrap_module(model).named_parameters():
+        yield name.replace("_checkpoint_wrapped_module.", ""), parameter

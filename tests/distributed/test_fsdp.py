@@ -1,0 +1,111 @@
+"""FSDP2 (parallel strategy fsdp) on 2 gloo processes: training, clipping, checkpoints that reshard."""
+
+import torch
+from safetensors.torch import load_file
+
+from runner.engine import Accelerator, FullyShardedDataParallelPlugin
+from runner.engine.sharded_state import gather_full
+from tests.helpers import assert_same_optimizer_state, assert_state_close, resumable_run, small_model, train
+
+
+def _plugin(**options):
+    return FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Linear"], **options)
+
+
+def _fsdp_and_ddp():
+    fsdp = Accelerator(fsdp_plugin=_plugin())
+    sharded = train(fsdp, batch_size=4, epochs=2, scheduler=True)
+    ddp = Accelerator()
+    replicated = train(ddp, batch_size=4, epochs=2, scheduler=True)
+
+    # The gradient norm clip_grad_norm_ sees: FSDP's is across all shards, DDP's over whole gradients.
+    norms = []
+    x = torch.randn(8, 8, generator=torch.Generator().manual_seed(fsdp.process_index))
+    for accelerator in (Accelerator(fsdp_plugin=_plugin()), Accelerator()):
+        model = accelerator.prepare(small_model())
+        accelerator.backward(model(x).pow(2).sum())
+        norms.append(accelerator.clip_grad_norm_(model.parameters(), max_norm=0.1))
+    kinds = [type(m).__name__ for m in fsdp._models[0].modules()][:2]
+    return {"fsdp": sharded, "ddp": replicated, "norms": norms, "kinds": kinds, "type": fsdp.distributed_type.value}
+
+
+def test_fsdp_trains_like_ddp_and_clips_by_the_norm_across_shards(launch):
+    main, other = launch(_fsdp_and_ddp)
+    # Same samples, same math; FSDP reduce-scatters where DDP all-reduces, so the float32 sums run in
+    # another order: equal to rounding (1e-6 relative per step), over 32 steps with momentum.
+    assert_state_close(main["fsdp"], main["ddp"], atol=1e-5)
+    assert other["fsdp"] == {}  # the full state dict is gathered to the main process only
+    for result in (main, other):
+        assert result["type"] == "FSDP" and result["kinds"][0].startswith("FSDP")
+        fsdp_norm, ddp_norm = result["norms"]
+        assert type(fsdp_norm) is torch.Tensor and torch.allclose(fsdp_norm, ddp_norm, rtol=1e-6)
+
+
+def _save_on_two(directory, model_dir, state_dict_type):
+    accelerator = Accelerator(fsdp_plugin=_plugin(state_dict_type=state_dict_type))
+    model = small_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    x = torch.randn(8, 8, generator=torch.Generator().manual_seed(accelerator.process_index))
+    accelerator.backward(model(x).pow(2).sum())
+    optimizer.step()
+    accelerator.save_state(directory)
+    accelerator.save_model(model, model_dir)
+    return accelerator.get_state_dict(model), gather_full([model], [optimizer])[1][0]
+
+
+def _load(directory):
+    accelerator = Accelerator(fsdp_plugin=_plugin())
+    model = small_model(seed=1)  # other initial weights: the checkpoint must overwrite them
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.load_state(directory)
+    return accelerator.get_state_dict(model), gather_full([accelerator.unwrap_model(model)], [optimizer])[1][0]
+
+
+def test_sharded_checkpoints_reshard_from_two_processes_to_one_and_back(launch, tmp_path):
+    saved = launch(_save_on_two, str(tmp_path / "two"), str(tmp_path / "model"), "SHARDED_STATE_DICT")[0]
+    files = {p.relative_to(tmp_path / "two").as_posix() for p in (tmp_path / "two").rglob("*") if p.is_file()}
+    assert {"model/__0_0.distcp", "model/__1_0.distcp", "model/.metadata", "optimizer/.metadata"} <= files
+    on_one = launch(_load, str(tmp_path / "two"), nproc=1)[0]
+    assert on_one[0].keys() == saved[0].keys() == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert all(torch.equal(on_one[0][k], saved[0][k]) for k in saved[0])
+    assert_same_optimizer_state(on_one[1], saved[1])
+
+    # save_model writes a normal full state dict that a plain model loads.
+    plain = small_model(seed=2)
+    plain.load_state_dict(load_file(tmp_path / "model" / "model.safetensors"))
+    assert all(torch.equal(plain.state_dict()[k], saved[0][k]) for k in saved[0])
+
+    # The reverse: saved by one process, loaded (sharded) by two.
+    launch(_save_on_two, str(tmp_path / "one"), str(tmp_path / "model_1"), "SHARDED_STATE_DICT", nproc=1)
+    reference = load_file(tmp_path / "model_1" / "model.safetensors")
+    weights, _ = launch(_load, str(tmp_path / "one"))[0]
+    assert weights.keys() == reference.keys() and all(torch.equal(weights[k], reference[k]) for k in reference)
+
+
+def test_a_full_state_dict_checkpoint_loads_under_fsdp(launch, tmp_path):
+    saved = launch(_save_on_two, str(tmp_path / "full"), str(tmp_path / "model"), "FULL_STATE_DICT")[0]
+    files = {p.name for p in (tmp_path / "full").iterdir()}
+    assert {"model.safetensors", "optimizer.bin"} <= files and "model" not in files
+    weights, optimizer = launch(_load, str(tmp_path / "full"))[0]
+    assert weights.keys() == saved[0].keys() and all(torch.equal(weights[k], saved[0][k]) for k in saved[0])
+    assert_same_optimizer_state(optimizer, saved[1])
+
+
+def _resumable(project_dir, options):
+    return resumable_run(project_dir, fsdp=True, **options)
+
+
+def test_fsdp_interrupted_and_resumed_equals_uninterrupted(launch, tmp_path):
+    full = launch(_resumable, str(tmp_path / "full"), {})
+    launch(_resumable, str(tmp_path / "cut"), {"stop_after": 11})  # mid-epoch (8 micro-steps an epoch)
+    rest = launch(_resumable, str(tmp_path / "cut"), {"resume": True})
+    for rank in (0, 1):
+        assert full[rank]["losses"][11:] == rest[rank]["losses"]
+    assert full[0]["weights"].keys() == rest[0]["weights"].keys() == {"0.weight", "0.bias", "3.weight", "3.bias"}
+    for key, value in full[0]["weights"].items():  # gathered on the main process
+        assert torch.equal(value, rest[0]["weights"][key]), key
+    assert_same_optimizer_state(full[0]["optimizer"], rest[0]["optimizer"])
+    manifest = (tmp_path / "cut" / "checkpoints" / "checkpoint_0" / "manifest.json").read_text()
+    assert '"model/__1_0.distcp"' in manifest and '"optimizer/.metadata"' in manifest
