@@ -20,7 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
-STRATEGIES = ("none", "ddp")
+STRATEGIES = ("none", "ddp", "fsdp")
 TRACKERS = ("tensorboard", "none")
 RECIPES = {"classification": "recipes.classification"}
 
@@ -131,6 +131,16 @@ class DDPConfig:
     static_graph: bool = False
 
 
+@dataclass
+class FSDPConfig:
+    strategy: str = "fsdp"
+    shard_modules: list[str] = field(default_factory=list)  # class names of the shard units
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+    activation_checkpointing: bool = False
+    state_dict: str = "sharded"  # sharded (every rank writes its shards) or full (gathered to rank 0)
+
+
 # -------------------------------------------------------------------------------------------- the root
 @dataclass
 class RunnerConfig:
@@ -151,7 +161,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
     "model": {"mnist_cnn": MnistCNNConfig},
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
     "scheduler": {"cosine": WarmupCosineConfig, "constant": ConstantScheduleConfig},
-    "parallel": {"none": NoParallelConfig, "ddp": DDPConfig},
+    "parallel": {"none": NoParallelConfig, "ddp": DDPConfig, "fsdp": FSDPConfig},
 }
 
 
@@ -221,11 +231,13 @@ def validate(cfg: DictConfig) -> None:
     _at_least(cfg, "project.total_limit", 1, optional=True)
     _choice(cfg, "tracker.name", TRACKERS)
     _choice(cfg, "parallel.strategy", STRATEGIES)
+    if cfg.parallel.strategy == "fsdp":
+        _choice(cfg, "parallel.state_dict", ("sharded", "full"))
     several = (processes != "auto" and processes > 1) or cfg.trainer.num_nodes > 1
     if several and cfg.parallel.strategy == "none":
         raise ConfigError(
             f"trainer.num_processes={processes} with trainer.num_nodes={cfg.trainer.num_nodes} needs a parallel "
-            "strategy; add parallel=ddp (or set trainer.num_processes=1)."
+            "strategy; add parallel=ddp or parallel=fsdp (or set trainer.num_processes=1)."
         )
     if cfg.trainer.num_nodes > 1 and not cfg.trainer.rdzv_endpoint:
         raise ConfigError(

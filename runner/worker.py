@@ -39,14 +39,27 @@ def configure_logging(*, rank: int, log_file: Path | None) -> None:
 
 
 def build_accelerator(cfg: DictConfig):
-    """The Accelerator the config describes (precision, accumulation, project folder, tracker, DDP options)."""
-    from runner.engine import Accelerator, DistributedDataParallelKwargs, ProjectConfiguration
+    """The Accelerator the config describes (precision, accumulation, project folder, tracker, DDP/FSDP options)."""
+    from runner.engine import (
+        Accelerator,
+        DistributedDataParallelKwargs,
+        FullyShardedDataParallelPlugin,
+        ProjectConfiguration,
+    )
 
     project_dir = Path(cfg.project.project_dir)
-    handlers = []
+    handlers, fsdp_plugin = [], None
+    options = {k: v for k, v in OmegaConf.to_container(cfg.parallel).items() if k != "strategy"}
     if cfg.parallel.strategy == "ddp":
-        options = {k: v for k, v in OmegaConf.to_container(cfg.parallel).items() if k != "strategy"}
         handlers.append(DistributedDataParallelKwargs(**options))
+    elif cfg.parallel.strategy == "fsdp":
+        fsdp_plugin = FullyShardedDataParallelPlugin(
+            transformer_cls_names_to_wrap=list(options["shard_modules"]),
+            reshard_after_forward=options["reshard_after_forward"],
+            cpu_offload=options["cpu_offload"],
+            activation_checkpointing=options["activation_checkpointing"],
+            state_dict_type="SHARDED_STATE_DICT" if options["state_dict"] == "sharded" else "FULL_STATE_DICT",
+        )
     return Accelerator(
         mixed_precision=cfg.trainer.mixed_precision,
         gradient_accumulation_steps=cfg.trainer.gradient_accumulation_steps,
@@ -62,6 +75,7 @@ def build_accelerator(cfg: DictConfig):
         # Runner schedules count optimizer steps; recipes step them once per real optimizer step.
         step_scheduler_with_optimizer=False,
         kwargs_handlers=handlers,
+        fsdp_plugin=fsdp_plugin,
     )
 
 

@@ -109,3 +109,50 @@ def test_fsdp_interrupted_and_resumed_equals_uninterrupted(launch, tmp_path):
     assert_same_optimizer_state(full[0]["optimizer"], rest[0]["optimizer"])
     manifest = (tmp_path / "cut" / "checkpoints" / "checkpoint_0" / "manifest.json").read_text()
     assert '"model/__1_0.distcp"' in manifest and '"optimizer/.metadata"' in manifest
+
+
+def _options_and_accumulation():
+    accumulated = train(
+        Accelerator(gradient_accumulation_steps=2, fsdp_plugin=_plugin()), batch_size=2, epochs=2, scheduler=True
+    )
+    larger_batch = train(Accelerator(), batch_size=4, epochs=2, scheduler=True)
+
+    plugin = _plugin(activation_checkpointing=True, cpu_offload=True, reshard_after_forward=False)
+    accelerator = Accelerator(mixed_precision="bf16", fsdp_plugin=plugin)
+    weights = train(accelerator, batch_size=4, epochs=1)
+    unit = accelerator._models[0][0]
+
+    # Evaluation through the sharded model: one prediction per sample of an odd-sized set.
+    model = accelerator._models[0]
+    data = torch.utils.data.TensorDataset(torch.randn(37, 8, generator=torch.Generator().manual_seed(3)))
+    predictions = []
+    with torch.no_grad():
+        for (x,) in accelerator.prepare(torch.utils.data.DataLoader(data, batch_size=4)):
+            predictions.append(accelerator.gather_for_metrics(model(x)))
+
+    fp16 = Accelerator(mixed_precision="fp16", fsdp_plugin=_plugin())
+    fp16_weights = train(fp16, batch_size=4, epochs=2)
+    return {
+        "predictions": torch.cat(predictions).shape,
+        "fp16": (fp16_weights, fp16.scaler.get_scale()),
+        "accumulated": accumulated,
+        "larger_batch": larger_batch,
+        "weights": weights,
+        "checkpointed": type(unit).__name__,
+        "offloaded": accelerator._models[0][0]._checkpoint_wrapped_module.weight.device.type,
+    }
+
+
+def test_accumulation_and_the_options_under_fsdp(launch):
+    main, _ = launch(_options_and_accumulation)
+    # 2 processes x batch 2 x 2 micro-steps under FSDP (no_sync in between) == 2 x batch 4 with DDP.
+    assert_state_close(main["accumulated"], main["larger_batch"], atol=1e-5)
+    assert main["checkpointed"].startswith("FSDP") and "CheckpointWrapper" in main["checkpointed"]
+    assert main["offloaded"] == "cpu"
+    assert main["predictions"] == (37, 1)
+    fp16_weights, scale = main["fp16"]
+    assert scale < 2.0**16 and all(torch.isfinite(v).all() for v in fp16_weights.values())  # scaled, steps skipped
+    # Activation checkpointing's wrapper never shows in the saved names: they load into a plain model.
+    plain = small_model()
+    plain.load_state_dict(main["weights"])
+    assert all(torch.isfinite(value).all() for value in main["weights"].values())

@@ -104,6 +104,25 @@ def test_resume_from_a_checkpoint_then_a_run_folder_matches_an_uninterrupted_run
     assert "Resumed at step 10" in log and "Resumed at step 15" in log
 
 
+def test_mnist_fsdp_checkpoints_are_sharded_and_resume_exactly(tmp_path):
+    common = ["experiment=mnist_fsdp", *mnist_args("test[:1024]", "test[9800:]"), "scheduler=constant"]
+    common.append("trainer.checkpoint_every_n_steps=3")
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    done = run_cli(*common, "trainer.max_steps=6", f"hydra.run.dir={full}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert run_cli(*common, "trainer.max_steps=3", f"hydra.run.dir={cut}", cwd=tmp_path).returncode == 0
+    resumed = run_cli(f"resume={cut}", "trainer.max_steps=6", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    manifest = json.loads((cut / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())
+    assert {"model/__0_0.distcp", "model/__1_0.distcp", "optimizer/.metadata"} <= set(manifest["files"])
+    assert metrics(cut) == metrics(full)
+    expected, got = load_file(full / "model" / "model.safetensors"), load_file(cut / "model" / "model.safetensors")
+    assert all(torch.equal(expected[k], got[k]) for k in expected)  # bit-identical to the uninterrupted run
+    plain = MnistCNN()
+    load_checkpoint_in_model(plain, full / "model", strict=True)  # the gathered model is a plain one
+
+
 def test_typo_in_a_key_exits_2_with_one_sentence_and_creates_nothing(tmp_path):
     result = run_cli("trainer.max_step=3", cwd=tmp_path)
     assert result.returncode == 2
@@ -158,7 +177,9 @@ def test_user_mistakes_found_before_launch_exit_2_without_a_traceback(tmp_path):
 def test_help_and_cfg_job(tmp_path):
     helped = run_cli("-X", "importtime", "-m", "runner", "--help", cwd=tmp_path, module=False)
     assert helped.returncode == 0
-    assert "experiment: mnist, mnist_ddp" in helped.stdout and "parallel:   none, ddp" in helped.stdout
+    assert (
+        "experiment: mnist, mnist_ddp, mnist_fsdp" in helped.stdout and "parallel:   none, ddp, fsdp" in helped.stdout
+    )
     imported = [line.rsplit("|", 1)[-1].strip() for line in helped.stderr.splitlines() if "|" in line]
     assert "hydra" in imported and not [m for m in imported if m.split(".")[0] == "torch"]
     shown = run_cli("--cfg", "job", "experiment=mnist_ddp", "trainer.mixed_precision=bf16", cwd=tmp_path)

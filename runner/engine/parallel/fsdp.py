@@ -74,16 +74,16 @@ class FSDPStrategy:
     def wrap_model(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-        if not self.env.is_distributed:
-            return model  # one process: nothing to shard; checkpoints still use the sharded format
         names = set(self.plugin.transformer_cls_names_to_wrap)
         found = {type(module).__name__ for module in model.modules()}
         missing = sorted(names - found)
         if missing:
             raise ValueError(
-                f"No module of class {missing[0]} in the model to shard (its classes include "
-                f"{', '.join(sorted(found)[:8])}); fix transformer_cls_names_to_wrap."
+                f"No module of class {missing[0]} in the model to shard (its classes: "
+                f"{', '.join(sorted(found)[:8])}); fix transformer_cls_names_to_wrap (parallel.shard_modules)."
             )
+        if not self.env.is_distributed:
+            return model  # one process: nothing to shard; checkpoints still use the sharded format
         units = [m for m in model.modules() if type(m).__name__ in names and m is not model]
         if self.plugin.activation_checkpointing:
             units = [_checkpoint_unit(model, unit) for unit in units]
@@ -91,7 +91,10 @@ class FSDPStrategy:
             "mesh": self._mesh(),
             "reshard_after_forward": self.plugin.reshard_after_forward,
             "mp_policy": MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32),
-            "offload_policy": CPUOffloadPolicy() if self.plugin.cpu_offload else OffloadPolicy(),
+            # Pinned host memory speeds the copies to the GPU; there is none to pin for a CPU run.
+            "offload_policy": CPUOffloadPolicy(pin_memory=self.env.device.type == "cuda")
+            if self.plugin.cpu_offload
+            else OffloadPolicy(),
         }
         for unit in reversed(units):  # module order lists a parent before its children: reversed, deepest first
             fully_shard(unit, **options)

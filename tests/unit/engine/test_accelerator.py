@@ -161,3 +161,18 @@ def test_process_decorators_and_atomic_save(tmp_path):
 
     assert torch.equal(load_file(tmp_path / "w.safetensors")["w"], torch.ones(2))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt", "w.safetensors"]  # no temporary file left
+
+
+def test_fsdp_on_one_process_names_a_missing_shard_unit_and_otherwise_leaves_the_model_whole():
+    from runner.engine import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Block"])
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    with pytest.raises(
+        ValueError, match=r"No module of class Block in the model to shard \(its classes: Linear, ReLU, "
+    ):
+        Accelerator(fsdp_plugin=plugin).prepare(model)
+    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Linear"]))
+    assert accelerator.prepare(model) is model and accelerator.distributed_type.value == "FSDP"
+    with pytest.raises(ValueError, match="state_dict_type='LOCAL' is not supported"):
+        FullyShardedDataParallelPlugin(state_dict_type="LOCAL")
