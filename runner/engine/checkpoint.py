@@ -438,6 +438,8 @@ def _load_model_state(checkpoint: Path, i: int, model: torch.nn.Module, files: d
         if sharded_model:
             sharded_state.load_model(load_safetensors(path), model)
             return
+    except CheckpointError:
+        raise
     except (RuntimeError, KeyError, ValueError) as error:
         detail = str(error).strip().splitlines()[-1].strip() if str(error).strip() else type(error).__name__
         raise CheckpointError(

@@ -12,7 +12,9 @@ order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +24,44 @@ from torch import nn
 from runner.engine.constants import MODEL_NAME, OPTIMIZER_NAME
 
 
-def _dcp():
+def _save(state: dict, folder: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
-    return dcp
+    with _quiet_single_process():
+        dcp.save(state, checkpoint_id=folder, no_dist=not _distributed())
+
+
+def _load(state: dict, folder: Path) -> None:
+    """DCP's load, with its failure (a BaseException carrying each rank's error) as one CheckpointError."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from runner.engine.manifest import CheckpointError
+
+    try:
+        with _quiet_single_process():
+            dcp.load(state, checkpoint_id=folder, no_dist=not _distributed())
+    except CheckpointException as error:
+        failure = next(iter(error.failures.values()))
+        exception = failure[0] if isinstance(failure, tuple) else failure
+        detail = str(exception).strip().splitlines()[0] if str(exception).strip() else type(exception).__name__
+        raise CheckpointError(
+            f"{folder} does not fit the prepared model or optimizer ({detail}); load a checkpoint of the same model."
+        ) from None
+
+
+@contextlib.contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """DCP warns on every call without a process group; one process is a case we mean."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def _options(full: bool):
@@ -47,14 +83,12 @@ def save_sharded(staging: Path, models: Sequence[nn.Module], optimizers: Sequenc
     """Every rank writes its shards of each model and optimizer under ``staging``."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    dcp = _dcp()
     for i, model in enumerate(models):
-        state = {"model": get_model_state_dict(model, options=_options(False))}
-        dcp.save(state, checkpoint_id=staging / names(MODEL_NAME, i, ""))
+        _save({"model": get_model_state_dict(model, options=_options(False))}, staging / names(MODEL_NAME, i, ""))
     for i, optimizer in enumerate(optimizers):
         inner = optimizer.optimizer
         state = {"optimizer": get_optimizer_state_dict(owner_of(inner, models), inner, options=_options(False))}
-        dcp.save(state, checkpoint_id=staging / names(OPTIMIZER_NAME, i, ""))
+        _save(state, staging / names(OPTIMIZER_NAME, i, ""))
 
 
 def gather_full(models: Sequence[nn.Module], optimizers: Sequence[Any]) -> tuple[list[dict], list[dict]]:
@@ -77,7 +111,7 @@ def load_model(source: Path | dict[str, torch.Tensor], model: nn.Module) -> None
         set_model_state_dict(model, source, options=_options(True))
         return
     state = {"model": get_model_state_dict(model, options=_options(False))}
-    _dcp().load(state, checkpoint_id=source)
+    _load(state, source)
     set_model_state_dict(model, state["model"], options=_options(False))
 
 
@@ -91,7 +125,7 @@ def load_optimizer(source: Path | dict[str, Any], optimizer: Any, models: Sequen
         set_optimizer_state_dict(model, inner, source, options=_options(True))
     else:
         state = {"optimizer": get_optimizer_state_dict(model, inner, options=_options(False))}
-        _dcp().load(state, checkpoint_id=source)
+        _load(state, source)
         set_optimizer_state_dict(model, inner, state["optimizer"], options=_options(False))
     for group in inner.param_groups:  # torch's loader hands tuples (Adam's betas) back as lists
         for key, default in inner.defaults.items():

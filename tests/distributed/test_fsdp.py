@@ -41,7 +41,7 @@ def test_fsdp_trains_like_ddp_and_clips_by_the_norm_across_shards(launch):
         assert type(fsdp_norm) is torch.Tensor and torch.allclose(fsdp_norm, ddp_norm, rtol=1e-6)
 
 
-def _save_on_two(directory, model_dir, state_dict_type):
+def _train_and_save(directory, model_dir, state_dict_type):
     accelerator = Accelerator(fsdp_plugin=_plugin(state_dict_type=state_dict_type))
     model = small_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -64,7 +64,7 @@ def _load(directory):
 
 
 def test_sharded_checkpoints_reshard_from_two_processes_to_one_and_back(launch, tmp_path):
-    saved = launch(_save_on_two, str(tmp_path / "two"), str(tmp_path / "model"), "SHARDED_STATE_DICT")[0]
+    saved = launch(_train_and_save, str(tmp_path / "two"), str(tmp_path / "model"), "SHARDED_STATE_DICT")[0]
     files = {p.relative_to(tmp_path / "two").as_posix() for p in (tmp_path / "two").rglob("*") if p.is_file()}
     assert {"model/__0_0.distcp", "model/__1_0.distcp", "model/.metadata", "optimizer/.metadata"} <= files
     on_one = launch(_load, str(tmp_path / "two"), nproc=1)[0]
@@ -78,14 +78,15 @@ def test_sharded_checkpoints_reshard_from_two_processes_to_one_and_back(launch, 
     assert all(torch.equal(plain.state_dict()[k], saved[0][k]) for k in saved[0])
 
     # The reverse: saved by one process, loaded (sharded) by two.
-    launch(_save_on_two, str(tmp_path / "one"), str(tmp_path / "model_1"), "SHARDED_STATE_DICT", nproc=1)
+    alone = launch(_train_and_save, str(tmp_path / "one"), str(tmp_path / "model_1"), "SHARDED_STATE_DICT", nproc=1)[0]
     reference = load_file(tmp_path / "model_1" / "model.safetensors")
-    weights, _ = launch(_load, str(tmp_path / "one"))[0]
+    weights, optimizer = launch(_load, str(tmp_path / "one"))[0]
     assert weights.keys() == reference.keys() and all(torch.equal(weights[k], reference[k]) for k in reference)
+    assert_same_optimizer_state(optimizer, alone[1])
 
 
 def test_a_full_state_dict_checkpoint_loads_under_fsdp(launch, tmp_path):
-    saved = launch(_save_on_two, str(tmp_path / "full"), str(tmp_path / "model"), "FULL_STATE_DICT")[0]
+    saved = launch(_train_and_save, str(tmp_path / "full"), str(tmp_path / "model"), "FULL_STATE_DICT")[0]
     files = {p.name for p in (tmp_path / "full").iterdir()}
     assert {"model.safetensors", "optimizer.bin"} <= files and "model" not in files
     weights, optimizer = launch(_load, str(tmp_path / "full"))[0]

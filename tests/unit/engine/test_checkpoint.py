@@ -274,3 +274,30 @@ def test_save_state_never_replaces_a_folder_that_is_not_a_checkpoint(tmp_path):
     (tmp_path / "empty").mkdir()
     accelerator.save_state(tmp_path / "empty")  # an empty folder is fine
     assert (tmp_path / "empty" / "manifest.json").is_file()
+
+
+def test_fsdp_checkpoints_on_one_process_use_dcp_and_refuse_another_model(tmp_path):
+    import warnings
+
+    from runner.engine import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Linear"])
+    accelerator = Accelerator(fsdp_plugin=plugin)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # DCP's "no process group" warning is expected here, and silenced
+        accelerator.save_state(tmp_path / "ck")
+    assert (tmp_path / "ck" / "model" / ".metadata").is_file() and (
+        tmp_path / "ck" / "optimizer" / ".metadata"
+    ).is_file()
+
+    other = Accelerator(fsdp_plugin=plugin)
+    wrong = torch.nn.Sequential(torch.nn.Linear(3, 3))
+    wrong, wrong_optimizer = other.prepare(wrong, torch.optim.SGD(wrong.parameters(), lr=0.1))
+    with pytest.raises(CheckpointError) as error:
+        other.load_state(tmp_path / "ck")
+    assert str(error.value) == (
+        f"{tmp_path / 'ck' / 'model'} does not fit the prepared model or optimizer (Size mismatch between saved "
+        "torch.Size([4, 4]) and current: torch.Size([3, 3]) for model.0.weight); load a checkpoint of the same model."
+    )
