@@ -8,6 +8,7 @@ Nothing on this path imports torch unless a run is actually starting.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import logging
 import os
@@ -34,16 +35,41 @@ _GROUPS = ("trainer", "model", "data", "optimizer", "scheduler", "parallel", "pr
 
 def cli() -> None:
     """``python -m runner [overrides]``: Hydra's command line, checked first."""
+    from runner.lock import FolderLocked, RunLock
+
     register_configs()
     try:
         if print_help(sys.argv[1:]):
             return
         sys.argv = [sys.argv[0], *prepare_command_line(sys.argv[1:])]
         stamp("check the command line")
+        # A run folder named on the command line is taken before Hydra writes its record into it.
+        folder = _named_run_folder(sys.argv[1:])
+        lock = RunLock(folder).acquire() if folder is not None else None
     except ConfigError as error:
         print(f"runner: error: {error}", file=sys.stderr)
         sys.exit(USAGE_ERROR)
-    hydra_main()
+    except FolderLocked as error:
+        print(f"runner: error: {error}", file=sys.stderr)
+        sys.exit(RUNTIME_ERROR)
+    try:
+        hydra_main()
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _named_run_folder(argv: list[str]) -> Path | None:
+    """The folder a single run will write, when the command line names it (else Hydra picks a new one)."""
+    if {"-m", "--multirun"} & set(argv) or int(os.environ.get("RANK", "0")) != 0:
+        return None
+    named = dict(arg.split("=", 1) for arg in argv if "=" in arg and not arg.startswith("-"))
+    if any(key.lstrip("+") == "trainer.node_rank" and value.strip("'\"") != "0" for key, value in named.items()):
+        return None
+    folder = (named.get("project.project_dir") or named.get("hydra.run.dir") or "").strip("'\"")
+    if not folder or "${" in folder:  # unset, or an interpolation only Hydra can resolve
+        return None
+    return Path(folder).resolve()
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")
@@ -58,6 +84,7 @@ def main(cfg: DictConfig) -> float | None:
     from runner.data.mnist_files import DownloadError
     from runner.engine.checkpoint import CheckpointError
     from runner.launch import WorkerFailed, launch
+    from runner.lock import FolderLocked, RunLock
 
     stamp("import torch")
     try:
@@ -71,13 +98,17 @@ def main(cfg: DictConfig) -> float | None:
         if cfg.data.download:  # once, here, rather than racing in every worker
             download_missing(cfg.data.name, root=cfg.data.root, splits=[cfg.data.train_split, cfg.data.eval_split])
         config = OmegaConf.to_container(cfg, resolve=True)
-        config["project"]["project_dir"] = str(_project_dir(cfg))
+        project_dir = _project_dir(cfg)
+        config["project"]["project_dir"] = str(project_dir)
         stamp("validate and check data")
-        return launch(config, overrides)
+        # One launching process per run takes the folder: torchrun's rank 0, node 0 of several.
+        locks = int(os.environ.get("RANK", "0")) == 0 and cfg.trainer.node_rank == 0
+        with RunLock(project_dir) if locks else contextlib.nullcontext():
+            return launch(config, overrides)
     except ConfigError as error:
         print(f"runner: error: {error}", file=sys.stderr)
         sys.exit(USAGE_ERROR)
-    except (WorkerFailed, CheckpointError, DownloadError) as error:  # runtime failures, in one sentence
+    except (WorkerFailed, CheckpointError, DownloadError, FolderLocked) as error:  # runtime failures, in one sentence
         print(f"runner: error: {error}", file=sys.stderr)
         sys.exit(RUNTIME_ERROR)
 

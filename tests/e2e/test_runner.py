@@ -1,6 +1,7 @@
 """``python -m runner ...`` end to end, on slices of the real MNIST test split."""
 
 import json
+import os
 import re
 
 import torch
@@ -244,3 +245,23 @@ def test_damaged_checkpoints_and_other_models_get_one_sentence(tmp_path):
     assert re.search(
         r"runner: error: .*model.safetensors does not fit the prepared model \(size mismatch", other.stderr
     )
+
+
+def test_a_run_folder_takes_one_run_at_a_time_and_a_dead_runs_lock_is_taken_over(tmp_path):
+    from runner.lock import LOCK_NAME, RunLock
+
+    run = tmp_path / "run"
+    holder = RunLock(run).acquire()  # a live run (this test process) writes the folder
+    refused = run_cli(*mnist_args(), "trainer.max_steps=1", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert refused.returncode == 1
+    message = refused.stderr.strip()
+    assert message.startswith(f"runner: error: {run} is being written by another run (pid {os.getpid()} on ")
+    assert message.endswith("wait for it to finish, or give this run another folder.")
+    assert sorted(p.name for p in run.iterdir()) == [LOCK_NAME]  # Hydra wrote nothing into the folder
+    holder.release()
+
+    (run / LOCK_NAME).write_text('{"pid": 999999, "host": "gone", "since": 0}')  # left by a run that died
+    taken = run_cli(*mnist_args(), "trainer.max_steps=1", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert taken.returncode == 0, taken.stderr[-3000:]
+    assert "Taking over" in taken.stderr and "pid 999999 on gone" in taken.stderr
+    assert (run / LOCK_NAME).read_text() == ""  # released at the end of the run

@@ -1,0 +1,94 @@
+"""One run per folder: the launching process holds an exclusive lock on ``project_dir/.runner.lock``.
+
+The lock is the kernel's (``fcntl.flock``), so it disappears with the process that held it: a
+lock file left by a run that died is simply taken over (with a note naming the dead run). The file
+records who holds it, so a refused run can say which run is writing the folder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+LOCK_NAME = ".runner.lock"
+logger = logging.getLogger("runner")
+_HELD: dict[Path, int] = {}  # lock file -> how many holders in this process (the lock is re-entrant)
+
+
+class FolderLocked(RuntimeError):
+    """Another live run holds the folder's lock. One sentence."""
+
+
+class RunLock:
+    """Held from :meth:`acquire` until :meth:`release` or the end of this process."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = Path(folder) / LOCK_NAME
+        self._file = None
+
+    def acquire(self) -> RunLock:
+        """Take the lock, or raise :class:`FolderLocked` naming the run that holds it."""
+        key = self.path.resolve()
+        if _HELD.get(key):
+            _HELD[key] += 1
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")  # noqa: SIM115 - held open for the lock's lifetime
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _describe(_read(handle))
+            handle.close()
+            raise FolderLocked(
+                f"{self.path.parent} is being written by another run ({holder}); wait for it to finish, or give "
+                "this run another folder."
+            ) from None
+        previous = _read(handle)
+        if previous:
+            logger.warning("Taking over %s from a run that is no longer running (%s)", self.path, _describe(previous))
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}))
+        handle.flush()
+        self._file = handle
+        _HELD[key] = 1
+        return self
+
+    def release(self) -> None:
+        key = self.path.resolve()
+        if _HELD.get(key, 0) > 1 or self._file is None:
+            _HELD[key] = max(_HELD.get(key, 1) - 1, 0)
+            return
+        _HELD.pop(key, None)
+        self._file.seek(0)
+        self._file.truncate()  # an empty file: nobody to take over from
+        self._file.flush()
+        fcntl.flock(self._file, fcntl.LOCK_UN)
+        self._file.close()
+        self._file = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read(handle) -> dict:
+    handle.seek(0)
+    try:
+        return json.loads(handle.read() or "{}")
+    except ValueError:
+        return {}
+
+
+def _describe(holder: dict) -> str:
+    if not holder:
+        return "a run that has not recorded itself yet"
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
+    return f"pid {holder.get('pid')} on {holder.get('host')}, since {since}"
