@@ -15,6 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
+from runner import preemption
 from runner.data import build_dataset
 from runner.engine import Accelerator, set_seed
 from runner.training import (
@@ -146,6 +147,11 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float:
                 evaluate_and_log()
             if every(save_every, progress.step):
                 checkpoint()
+            if preemption.agreed(accelerator):  # a stop signal reached some process: all stop here
+                if last_checkpoint != progress.step:
+                    checkpoint()
+                accelerator.wait_for_checkpoint()
+                raise preemption.Preempted(preemption.received() or "a peer's signal", progress.step)
             if progress.step >= total_steps:
                 break
         else:  # the epoch ended (rather than the step budget)

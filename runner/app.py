@@ -21,6 +21,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from runner import preemption
 from runner.config import ConfigError, RunnerConfig, check_data, check_hardware, register_configs, validate
 from runner.startup import stamp
 
@@ -108,9 +109,24 @@ def main(cfg: DictConfig) -> float | None:
     except ConfigError as error:
         print(f"runner: error: {error}", file=sys.stderr)
         sys.exit(USAGE_ERROR)
+    except preemption.Preempted as stop:
+        print(f"runner: {_stopped(stop, str(project_dir))}", file=sys.stderr)
+        sys.exit(preemption.EXIT_CODE)
     except (WorkerFailed, CheckpointError, DownloadError, FolderLocked) as error:  # runtime failures, in one sentence
         print(f"runner: error: {error}", file=sys.stderr)
         sys.exit(RUNTIME_ERROR)
+
+
+def _stopped(stop, project_dir: str) -> str:
+    """One sentence for a preempted run: what stopped it, what was saved, and how to continue."""
+    from runner.engine.checkpoint import checkpoints_dir, newest_intact_checkpoint
+
+    newest, _ = newest_intact_checkpoint(checkpoints_dir(project_dir))
+    saved = f"{newest.name} is saved" if newest is not None else "no checkpoint was completed"
+    return (
+        f"stopped by {stop.signal_name} at a step all processes agreed on; {saved}; continue with "
+        f"`python -m runner resume={project_dir}` (exit code {preemption.EXIT_CODE})."
+    )
 
 
 def _task_overrides() -> list[str]:

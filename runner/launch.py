@@ -10,9 +10,12 @@ import json
 import logging
 import os
 import re
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
+
+from runner import preemption
 
 logger = logging.getLogger("runner")
 
@@ -50,18 +53,21 @@ def launch(config: dict[str, Any], overrides: list[str]) -> float | None:
 
 
 def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_processes: int, num_nodes: int):
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from runner.engine.launchers import elastic_run
-    from runner.worker import run_worker
+    from runner.worker import run_worker_process
 
     trainer = config["trainer"]
     logger.info(
         "Starting %d processes on this node (%d node(s)) with torch's elastic launcher", num_processes, num_nodes
     )
+    # torch's agent stops the workers gracefully on SIGTERM (they save and exit); SIGUSR1 means the same.
+    previous = signal.signal(signal.SIGUSR1, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
     try:
         results = elastic_run(
-            run_worker,
+            run_worker_process,
             (config, overrides),
             num_processes=num_processes,
             # Port 0 lets the rendezvous pick a free port, so concurrent runs and sweep jobs never clash.
@@ -71,8 +77,14 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
             max_restarts=trainer["max_restarts"],
             monitor_interval=0.1,
         )
+    except SignalException as error:  # this process got the signal; the workers have stopped and saved
+        raise preemption.Preempted(signal.Signals(error.sigval).name, step=-1) from None
     except ChildFailedError as error:
+        if all(failure.exitcode == preemption.EXIT_CODE for failure in error.failures.values()):
+            raise preemption.Preempted("a stop signal to the workers", step=-1) from None
         raise WorkerFailed(describe_failure(error.failures)) from None
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
     return results.get(0)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from runner import preemption
 from runner.config import recipe_module
 from runner.startup import stamp
 
@@ -93,6 +94,7 @@ def record_config_in_checkpoints(accelerator, config: dict[str, Any], overrides:
 def run_worker(config: dict[str, Any], overrides: list[str]) -> float | None:
     """Train one process's share of the run described by ``config`` (already resolved)."""
     stamp("start workers")
+    preemption.watch()
     cfg = OmegaConf.create(config)
     rank = int(os.environ.get("RANK", "0"))
     configure_logging(rank=rank, log_file=Path(cfg.project.project_dir) / "run.log")
@@ -116,3 +118,13 @@ def run_worker(config: dict[str, Any], overrides: list[str]) -> float | None:
     recipe = importlib.import_module(recipe_module(cfg.recipe))
     logger.info("Running recipe %s on %s", cfg.recipe, accelerator)
     return recipe.train(cfg, accelerator)
+
+
+def run_worker_process(config: dict[str, Any], overrides: list[str]) -> float | None:
+    """:func:`run_worker` as one of several processes: a preempted worker exits with preemption.EXIT_CODE."""
+    try:
+        return run_worker(config, overrides)
+    except preemption.Preempted as stop:
+        logger.warning("Preempted: %s; the checkpoint is saved", stop)
+        preemption.release()  # a further signal may now end the process: nothing is left to lose
+        sys.exit(preemption.EXIT_CODE)

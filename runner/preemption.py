@@ -1,0 +1,66 @@
+"""Stop cleanly when the cluster asks: SIGTERM or SIGUSR1 -> one agreed step, one checkpoint, exit 75.
+
+Slurm and most schedulers send SIGTERM (or a chosen signal such as SIGUSR1, ``--signal``) some time
+before they kill a job. Every worker records such a signal instead of dying; at each optimizer step
+boundary the ranks reduce the flag (one tiny all-reduce), so all of them stop at the same step, save
+the same checkpoint, and the run exits with :data:`EXIT_CODE` (75, EX_TEMPFAIL: "try again later").
+``python -m runner resume=<run folder>`` then continues exactly. A second signal during the save is
+ignored; a kill during it leaves the previous checkpoint intact (checkpoints commit atomically).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+EXIT_CODE = 75
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+logger = logging.getLogger("runner")
+_received: list[str] = []
+
+
+class Preempted(Exception):
+    """The run stopped at an agreed step after a stop signal, with a checkpoint saved."""
+
+    def __init__(self, signal_name: str, step: int) -> None:
+        super().__init__(f"stopped by {signal_name} at step {step}")
+        self.signal_name = signal_name
+        self.step = step
+
+
+def watch() -> None:
+    """Record SIGTERM and SIGUSR1 from now on instead of dying (main thread only; idempotent)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for number in SIGNALS:
+        signal.signal(number, _record)
+
+
+def _record(number: int, frame) -> None:
+    name = signal.Signals(number).name
+    if not _received:
+        logger.warning("Received %s: stopping at the next step boundary, after a checkpoint", name)
+    _received.append(name)
+
+
+def release() -> None:
+    """Let stop signals end the process again (once the checkpoint is safe)."""
+    if threading.current_thread() is threading.main_thread():
+        for number in SIGNALS:
+            signal.signal(number, signal.SIG_DFL)
+
+
+def received() -> str | None:
+    """The first stop signal this process received, if any."""
+    return _received[0] if _received else None
+
+
+def agreed(accelerator) -> bool:
+    """Whether any process received a stop signal. Every process calls it at the same step."""
+    if accelerator.num_processes == 1:
+        return bool(_received)
+    import torch
+
+    flag = torch.tensor([float(bool(_received))], device=accelerator.device)
+    return bool(accelerator.reduce(flag, reduction="sum").item())

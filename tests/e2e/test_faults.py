@@ -1,0 +1,81 @@
+"""Faults injected into real runs: stop signals (preemption), and what resuming after them gives."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+from safetensors.torch import load_file
+
+from runner.checkpoints import describe
+from tests.e2e.conftest import metrics, mnist_args, run_cli
+
+
+def _start(args, cwd):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "runner", *args]
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_training(run, process, timeout=120):
+    deadline = time.monotonic() + timeout
+    while "Start-up: first optimizer step" not in ((run / "run.log").read_text() if (run / "run.log").exists() else ""):
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the run never reached its first step"
+        time.sleep(0.1)
+
+
+def _preempt_and_resume(tmp_path, common, stop, stopped_by="SIG"):
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    done = run_cli(*common, f"hydra.run.dir={full}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    process = _start([*common, f"hydra.run.dir={cut}"], tmp_path)
+    _wait_for_training(cut, process)
+    stop(process.pid)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 75, stderr[-3000:]
+    message = stderr.strip().splitlines()[-1]
+    assert message.startswith(f"runner: stopped by {stopped_by}") and message.endswith(
+        f"is saved; continue with `python -m runner resume={cut}` (exit code 75)."
+    )
+    records = describe(cut)
+    assert records and all(record["status"] == "intact" for record in records)  # nothing half-written counts
+    assert not (cut / "metrics.json").exists()
+
+    resumed = run_cli(f"resume={cut}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert metrics(cut) == metrics(full)
+    expected, got = load_file(full / "model" / "model.safetensors"), load_file(cut / "model" / "model.safetensors")
+    assert all(torch.equal(expected[k], got[k]) for k in expected)  # bit-identical to the uninterrupted run
+    return records
+
+
+def test_sigterm_twice_to_the_launcher_stops_both_ranks_at_one_step_and_resume_is_exact(tmp_path):
+    def stop(pid):
+        os.kill(pid, signal.SIGTERM)
+        time.sleep(0.05)
+        os.kill(pid, signal.SIGTERM)  # a second signal while the checkpoint is being written
+
+    common = ["experiment=mnist_ddp", *mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=40"]
+    records = _preempt_and_resume(tmp_path, [*common, "trainer.checkpoint_every_n_steps=5"], stop)
+    assert records[-1]["step"] < 40
+
+
+def test_sigusr1_to_a_single_process_run_saves_and_resumes_exactly(tmp_path):
+    common = [*mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=40"]
+    records = _preempt_and_resume(tmp_path, common, lambda pid: os.kill(pid, signal.SIGUSR1))
+    assert len(records) == 1 and records[0]["step"] < 40  # one checkpoint, at the agreed step
+
+
+def test_sigterm_to_one_worker_stops_every_rank_at_the_same_step(tmp_path):
+    def stop(pid):
+        workers = subprocess.run(["pgrep", "-P", str(pid), "-f", "spawn_main"], capture_output=True, text=True)
+        worker = int(workers.stdout.split()[-1])  # the last rank started
+        os.kill(worker, signal.SIGTERM)
+
+    common = ["experiment=mnist_ddp", *mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=40"]
+    records = _preempt_and_resume(tmp_path, common, stop, stopped_by="a stop signal to the workers")
+    assert len(records) == 1 and records[0]["step"] < 40
