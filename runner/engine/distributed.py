@@ -139,10 +139,28 @@ def init_process_group(env: DistributedEnvironment, *, timeout: timedelta | None
         # Binding the group to the device lets NCCL create its communicator eagerly and avoids the
         # "guessing device" warning and its barrier on the wrong GPU.
         kwargs["device_id"] = env.device
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        kwargs["store"] = _agent_store(env, timeout)
     dist.init_process_group(**kwargs)
     # Tear the group down before the interpreter does: left to static destructors, gloo's threads
     # can outlive the group and abort the process ("terminate called without an active exception").
     atexit.register(_destroy_process_group)
+
+
+def _agent_store(env: DistributedEnvironment, timeout: timedelta | None) -> dist.Store:
+    """The elastic agent's store, with keys of this restart attempt only.
+
+    After an elastic restart the agent hands the new workers the same store; unprefixed, they would
+    read the previous attempt's addresses (gloo: "connectFullMesh failed ... Connection refused").
+    """
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        env.world_size,
+        is_master=False,
+        timeout=timeout or timedelta(minutes=30),
+    )
+    return dist.PrefixStore(f"/runner/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def _destroy_process_group() -> None:

@@ -79,3 +79,40 @@ def test_sigterm_to_one_worker_stops_every_rank_at_the_same_step(tmp_path):
     common = ["experiment=mnist_ddp", *mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=40"]
     records = _preempt_and_resume(tmp_path, common, stop, stopped_by="a stop signal to the workers")
     assert len(records) == 1 and records[0]["step"] < 40
+
+
+def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_path):
+    common = ["experiment=mnist_ddp", *mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=40"]
+    common += ["trainer.checkpoint_every_n_steps=5", "trainer.max_restarts=1"]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    done = run_cli(*common, f"hydra.run.dir={full}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    process = _start([*common, f"hydra.run.dir={cut}"], tmp_path)
+    deadline = time.monotonic() + 120
+    while not (cut / "checkpoints" / "checkpoint_1" / "manifest.json").exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+        time.sleep(0.05)
+    workers = subprocess.run(["pgrep", "-P", str(process.pid), "-f", "spawn_main"], capture_output=True, text=True)
+    os.kill(int(workers.stdout.split()[0]), signal.SIGKILL)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    log = (cut / "run.log").read_text()
+    assert "Restart 1: resuming from" in log
+    assert metrics(cut) == metrics(full)
+    expected, got = load_file(full / "model" / "model.safetensors"), load_file(cut / "model" / "model.safetensors")
+    assert all(torch.equal(expected[k], got[k]) for k in expected)  # bit-identical to the uninterrupted run
+
+
+def test_a_worker_that_keeps_dying_fails_the_run_naming_its_rank(tmp_path):
+    process = _start(
+        ["experiment=mnist_ddp", *mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=400",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        tmp_path,
+    )  # fmt: skip
+    _wait_for_training(tmp_path / "run", process)
+    workers = subprocess.run(["pgrep", "-P", str(process.pid), "-f", "spawn_main"], capture_output=True, text=True)
+    os.kill(int(workers.stdout.split()[-1]), signal.SIGKILL)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1
+    assert stderr.strip().splitlines()[-1].startswith("runner: error: Worker rank 1 failed: ")
