@@ -116,3 +116,35 @@ def test_a_worker_that_keeps_dying_fails_the_run_naming_its_rank(tmp_path):
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 1
     assert stderr.strip().splitlines()[-1].startswith("runner: error: Worker rank 1 failed: ")
+
+
+def test_two_nodes_on_localhost_train_as_one_job(tmp_path):
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    project = tmp_path / "project"
+    nodes = [
+        _start(
+            [
+                "parallel=ddp",
+                "trainer.num_nodes=2",
+                f"trainer.node_rank={rank}",
+                "trainer.num_processes=1",
+                f"trainer.rdzv_endpoint=127.0.0.1:{port}",
+                f"project.project_dir={project}",
+                *mnist_args("test[:1000]", "test[9800:]"),
+                "trainer.max_steps=5",
+                f"hydra.run.dir={tmp_path / f'node{rank}'}",
+            ],
+            tmp_path,
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    for node in nodes:
+        _, stderr = node.communicate(timeout=300)
+        assert node.returncode == 0, stderr[-3000:]
+    manifest = (project / "checkpoints" / "checkpoint_0" / "manifest.json").read_text()
+    assert '"world_size": 2' in manifest and metrics(project)["step"] == 5
+    assert (tmp_path / "node0" / ".hydra").is_dir() and (tmp_path / "node1" / ".hydra").is_dir()
