@@ -22,7 +22,16 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runner import preemption
-from runner.config import ConfigError, RunnerConfig, check_data, check_hardware, register_configs, validate
+from runner.config import (
+    ConfigError,
+    RunnerConfig,
+    check_data,
+    check_devices,
+    check_hardware,
+    register_configs,
+    validate,
+)
+from runner.preflight import check_rendezvous_port, check_writable
 from runner.startup import stamp
 
 logger = logging.getLogger("runner")
@@ -45,8 +54,10 @@ def cli() -> None:
         sys.argv = [sys.argv[0], *prepare_command_line(sys.argv[1:])]
         stamp("check the command line")
         # A run folder named on the command line is taken before Hydra writes its record into it.
-        folder = _named_run_folder(sys.argv[1:])
-        lock = RunLock(folder).acquire() if folder is not None else None
+        named = _named_run_folder(sys.argv[1:])
+        if named is not None:
+            check_writable(*named)
+        lock = RunLock(named[0]).acquire() if named is not None else None
     except ConfigError as error:
         print(f"runner: error: {error}", file=sys.stderr)
         sys.exit(USAGE_ERROR)
@@ -60,17 +71,18 @@ def cli() -> None:
             lock.release()
 
 
-def _named_run_folder(argv: list[str]) -> Path | None:
-    """The folder a single run will write, when the command line names it (else Hydra picks a new one)."""
+def _named_run_folder(argv: list[str]) -> tuple[Path, str] | None:
+    """The folder a single run will write and the key naming it, when the command line names it."""
     if {"-m", "--multirun"} & set(argv) or int(os.environ.get("RANK", "0")) != 0:
         return None
     named = dict(arg.split("=", 1) for arg in argv if "=" in arg and not arg.startswith("-"))
     if any(key.lstrip("+") == "trainer.node_rank" and value.strip("'\"") != "0" for key, value in named.items()):
         return None
-    folder = (named.get("project.project_dir") or named.get("hydra.run.dir") or "").strip("'\"")
+    key = "project.project_dir" if named.get("project.project_dir") else "hydra.run.dir"
+    folder = named.get(key, "").strip("'\"")
     if not folder or "${" in folder:  # unset, or an interpolation only Hydra can resolve
         return None
-    return Path(folder).resolve()
+    return Path(folder).resolve(), key
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")
@@ -96,10 +108,14 @@ def main(cfg: DictConfig) -> float | None:
             validate(cfg)
         check_data(cfg)
         check_hardware(cfg)
+        check_devices(cfg)
+        project_dir = _project_dir(cfg)
+        check_writable(project_dir, "project.project_dir")
+        if cfg.trainer.num_nodes > 1 and cfg.trainer.node_rank == 0:
+            check_rendezvous_port(cfg.trainer.rdzv_endpoint)
         if cfg.data.download:  # once, here, rather than racing in every worker
             download_missing(cfg.data.name, root=cfg.data.root, splits=[cfg.data.train_split, cfg.data.eval_split])
         config = OmegaConf.to_container(cfg, resolve=True)
-        project_dir = _project_dir(cfg)
         config["project"]["project_dir"] = str(project_dir)
         stamp("validate and check data")
         # One launching process per run takes the folder: torchrun's rank 0, node 0 of several.
@@ -322,7 +338,8 @@ def describe_composition_error(error: Exception, overrides: list[str], config_na
         suggestion = f" (did you mean {'.'.join(filter(None, [parent, close[0]]))!r}?)" if close else ""
         where = f"'{parent}'" if parent else "the config"
         return f"{full_key} is not a key of {where}{suggestion}; `python -m runner --cfg job` lists every key."
-    value = next((o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+~") == full_key), None)
+    # The last override of the key is the one composed (a resumed run's saved ones come first).
+    value = next((o.split("=", 1)[1] for o in reversed(overrides) if o.split("=", 1)[0].lstrip("+~") == full_key), None)
     reason = str(cause).splitlines()[0]
     return f"{full_key}={value} is not valid: {reason}."
 

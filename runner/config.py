@@ -291,6 +291,19 @@ def check_data(cfg: DictConfig) -> None:
         )
 
 
+def check_devices(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` when a GPU run asks for more processes than GPUs (imports torch)."""
+    import torch
+
+    processes = cfg.trainer.num_processes
+    visible = torch.cuda.device_count() if torch.cuda.is_available() and not cfg.trainer.cpu else 0
+    if visible and processes != "auto" and processes > visible:
+        raise ConfigError(
+            f"trainer.num_processes={processes} needs one GPU per process, but {visible} are visible; use at most "
+            f"{visible}, or trainer.cpu=true to run on the CPU."
+        )
+
+
 def check_hardware(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` when the precision asks for hardware this machine lacks (imports torch)."""
     if cfg.trainer.mixed_precision != "fp8":

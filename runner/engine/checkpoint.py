@@ -40,7 +40,7 @@ from runner.engine.constants import (
     SCHEDULER_NAME,
 )
 from runner.engine.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
-from runner.engine.ops import broadcast_object_list
+from runner.engine.ops import broadcast_object_list, gather_object
 from runner.engine.rng import get_rng_state, set_rng_state, set_seed
 from runner.engine.serialization import load_safetensors, save_safetensors
 
@@ -196,6 +196,7 @@ def save_training_state(
     rank: int,
     world_size: int,
     barrier: Callable[[], None],
+    first_failure: Callable[[str | None], str | None] = lambda failure: failure,
     iteration: int | None = None,
     metadata: dict[str, Any] | None = None,
     before_write: Callable[[Path], None] | None = None,
@@ -228,8 +229,50 @@ def save_training_state(
             shutil.rmtree(staging)  # left by a save that crashed; never a committed checkpoint
         staging.mkdir(parents=True)
     barrier()  # the staging folder exists before anyone writes into it
-    if before_write is not None:
-        before_write(staging)
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        if before_write is not None:
+            before_write(staging)
+        _write_files(staging, state, rank)
+        failure = None
+    except (OSError, CheckpointException) as error:  # a full disk, a lost mount, a failed DCP write
+        failure = f"rank {rank}: {_reason(error)}"
+    # Every rank learns of any rank's failure (so none waits forever), and all files are on disk
+    # before the manifest lists them.
+    _raise_if_failed(first_failure(failure), staging, target, rank)
+
+    def commit() -> None:
+        manifests.write_manifest(staging, world_size=world_size, iteration=iteration, metadata=metadata or {})
+        _commit(staging, target)
+        if after_commit is not None:
+            after_commit()
+
+    if committer is not None:
+        return committer.submit(commit) if rank == 0 else None
+    failure = None
+    if rank == 0:
+        try:
+            commit()
+        except OSError as error:  # hashing, the manifest or the rename; a committed checkpoint is complete
+            failure = f"rank 0: {_reason(error)}"
+    _raise_if_failed(first_failure(failure), staging, target, rank)  # nobody moves on before the commit
+    return None
+
+
+def _raise_if_failed(failure: str | None, staging: Path, target: Path, rank: int) -> None:
+    if failure is None:
+        return
+    if rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)  # free what the partial save took
+    raise CheckpointError(
+        f"Saving {target.name} failed ({failure}); the checkpoints saved before it are intact, so free the space "
+        "(or fix the folder) and resume from the newest of them."
+    )
+
+
+def _write_files(staging: Path, state: TrainingState, rank: int) -> None:
+    """This rank's share of the checkpoint: shards under FSDP, the main state on rank 0, RNG, gradients."""
     optimizer_states = None
     if state.fsdp == "sharded":
         sharded_state.save_sharded(staging, state.models, state.optimizers, indexed_name)
@@ -240,20 +283,16 @@ def save_training_state(
     _torch_save_atomically(get_rng_state(), staging / rng_state_name(rank))
     if state.save_gradients:
         save_safetensors(_gradients(state.models), staging / gradients_name(rank))
-    barrier()  # every rank's files are on disk before the manifest lists them
 
-    def commit() -> None:
-        manifests.write_manifest(staging, world_size=world_size, iteration=iteration, metadata=metadata or {})
-        _commit(staging, target)
-        if after_commit is not None:
-            after_commit()
 
-    if committer is not None:
-        return committer.submit(commit) if rank == 0 else None
-    if rank == 0:
-        commit()
-    barrier()  # nobody moves on (or loads) before the commit
-    return None
+def _reason(error: BaseException) -> str:
+    """What went wrong, in a few words: the OS error (of the first failed rank, for DCP's exception)."""
+    if isinstance(error, OSError):
+        return f"{error.strerror or error}" + (f": {error.filename}" if error.filename else "")
+    first = next(iter((getattr(error, "failures", None) or {}).values()), None)
+    if isinstance(first, tuple) and isinstance(first[0], OSError):
+        return _reason(first[0])
+    return str(error).splitlines()[0]
 
 
 def _write_main_state(staging: Path, state: TrainingState, optimizer_states: list | None = None) -> None:
@@ -564,6 +603,7 @@ class Checkpointer:
             rank=accelerator.process_index,
             world_size=accelerator.num_processes,
             barrier=accelerator.wait_for_everyone,
+            first_failure=lambda failure: next(filter(None, gather_object([failure])), None),
             iteration=config.iteration if config.automatic_checkpoint_naming else None,
             metadata={**facts, **(metadata or {})},
             before_write=run_hooks,

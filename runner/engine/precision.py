@@ -128,8 +128,9 @@ class Precision:
             half = [name for name, p in model.named_parameters() if p.requires_grad and p.dtype == torch.float16]
             if half:
                 raise ValueError(
-                    f"mixed_precision='fp16' keeps fp32 master weights, but parameter {half[0]!r} is already "
-                    "fp16; build the model in fp32 (autocast runs it in fp16)."
+                    f"mixed_precision='fp16' keeps fp32 master weights, but parameter {half[0]!r} is already fp16 "
+                    "(the loss scaler would fail with 'Attempting to unscale FP16 gradients'); build the model in "
+                    "fp32 (autocast runs it in fp16), or use mixed_precision='bf16'."
                 )
         if self.mode is PrecisionType.FP8:
             from torchao.float8 import convert_to_float8_training

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from runner.engine import Accelerator, ProjectConfiguration
+from runner.engine import Accelerator, CheckpointError, ProjectConfiguration
 from tests.helpers import loader, regression_data, small_model
 
 
@@ -111,3 +111,30 @@ def _failed_async_commit(project_dir):
 def test_a_failed_async_commit_is_raised_on_every_rank(launch, tmp_path):
     errors = launch(_failed_async_commit, str(tmp_path))
     assert errors[0] == errors[1] and "Committing the last checkpoint failed: OSError" in errors[0]
+
+
+def _one_rank_runs_out_of_space(directory):
+    import errno
+
+    from runner.engine import checkpoint as checkpoints
+
+    accelerator = Accelerator()
+    accelerator.prepare(nn.Linear(4, 4))
+    if accelerator.process_index == 1:
+
+        def no_space(obj, path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+        checkpoints._torch_save_atomically = no_space
+    try:
+        accelerator.save_state(directory)
+    except CheckpointError as error:
+        return str(error)
+    return "saved"
+
+
+def test_a_failed_write_on_one_rank_fails_the_save_on_every_rank_without_hanging(launch, tmp_path):
+    messages = launch(_one_rank_runs_out_of_space, str(tmp_path / "ck"))
+    assert messages[0] == messages[1]
+    assert messages[0].startswith("Saving ck failed (rank 1: No space left on device: ")
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "ck.incomplete").exists()

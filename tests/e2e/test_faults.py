@@ -125,23 +125,24 @@ def test_two_nodes_on_localhost_train_as_one_job(tmp_path):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     project = tmp_path / "project"
-    nodes = [
-        _start(
-            [
-                "parallel=ddp",
-                "trainer.num_nodes=2",
-                f"trainer.node_rank={rank}",
-                "trainer.num_processes=1",
-                f"trainer.rdzv_endpoint=127.0.0.1:{port}",
-                f"project.project_dir={project}",
-                *mnist_args("test[:1000]", "test[9800:]"),
-                "trainer.max_steps=5",
-                f"hydra.run.dir={tmp_path / f'node{rank}'}",
-            ],
+
+    def node(rank):
+        return _start(
+            ["parallel=ddp", "trainer.num_nodes=2", f"trainer.node_rank={rank}", "trainer.num_processes=1",
+             f"trainer.rdzv_endpoint=127.0.0.1:{port}", f"project.project_dir={project}",
+             *mnist_args("test[:1000]", "test[9800:]"), "trainer.max_steps=5",
+             f"hydra.run.dir={tmp_path / f'node{rank}'}"],
             tmp_path,
         )  # fmt: skip
-        for rank in (0, 1)
-    ]
+
+    # Node 0 hosts the rendezvous (it checks that the port is free); on one machine, start it first.
+    nodes = [node(0)]
+    log = tmp_path / "node0" / "run.log"
+    deadline = time.monotonic() + 60
+    while "Starting 1 processes" not in (log.read_text() if log.exists() else ""):
+        assert nodes[0].poll() is None and time.monotonic() < deadline, nodes[0].communicate()[1][-3000:]
+        time.sleep(0.05)
+    nodes.append(node(1))
     for node in nodes:
         _, stderr = node.communicate(timeout=300)
         assert node.returncode == 0, stderr[-3000:]

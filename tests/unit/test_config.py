@@ -107,3 +107,20 @@ def test_hydra_settings_in_conf_compose(path):
         cfg = compose("config", overrides=[f"{group}={path.stem}"], return_hydra_config=True)
     logging = OmegaConf.to_container(cfg.hydra.job_logging, resolve=False)
     assert logging["handlers"]["file"]["filename"] == "${hydra.runtime.output_dir}/run.log"
+
+
+def test_more_processes_than_gpus_is_refused_before_anything_starts(monkeypatch):
+    import torch
+
+    from runner.config import check_devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError) as error:
+        check_devices(composed("experiment=mnist_ddp"))
+    assert str(error.value) == (
+        "trainer.num_processes=2 needs one GPU per process, but 1 are visible; use at most 1, or trainer.cpu=true "
+        "to run on the CPU."
+    )
+    check_devices(composed("experiment=mnist_ddp", "trainer.cpu=true"))  # gloo on the CPU: any number
+    check_devices(composed("experiment=mnist"))

@@ -115,7 +115,11 @@ def test_bad_precision_values_are_rejected_in_one_sentence():
 
 def test_fp16_refuses_parameters_that_are_already_fp16():
     accelerator = Accelerator(mixed_precision="fp16")
-    with pytest.raises(ValueError, match=r"parameter 'weight' is already fp16; build the model in fp32"):
+    with pytest.raises(
+        ValueError,
+        match=r"parameter 'weight' is already fp16 \(the loss scaler would fail with 'Attempting to unscale FP16 "
+        r"gradients'\); build the model in fp32",
+    ):
         accelerator.prepare(nn.Linear(2, 2).half())
 
 

@@ -1,0 +1,58 @@
+"""Checks of the machine a run is about to use, made before anything is written or launched."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import uuid
+from pathlib import Path
+
+from runner.config import ConfigError
+
+
+def check_writable(folder: Path, key: str) -> None:
+    """Raise :class:`ConfigError` naming ``key`` unless ``folder`` can be created and written."""
+    probe = folder / f".write-test-{uuid.uuid4().hex[:8]}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(
+            f"{key}={folder} cannot be written ({error.strerror or error}); choose a folder this user can write."
+        ) from None
+
+
+def check_rendezvous_port(endpoint: str) -> None:
+    """On the node that hosts the rendezvous, raise :class:`ConfigError` if its port is taken.
+
+    torch's c10d rendezvous would otherwise connect to whatever listens there and wait for it
+    forever. Only meaningful on node 0 (the host), before its launcher starts.
+    """
+    host, _, port = endpoint.rpartition(":")
+    if not port.isdigit() or not _is_this_machine(host):
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", int(port)))
+        except OSError:
+            raise ConfigError(
+                f"trainer.rdzv_endpoint={endpoint}: port {port} is already in use on this machine (another job, or "
+                "a run that has not exited); choose a free port and give every node the same endpoint."
+            ) from None
+
+
+def _is_this_machine(host: str) -> bool:
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+    except ValueError:
+        pass
+    names = {socket.gethostname(), socket.getfqdn(), "localhost"}
+    if host in names:
+        return True
+    try:
+        return socket.gethostbyname(host) in {socket.gethostbyname(name) for name in names} | {"127.0.0.1"}
+    except OSError:
+        return False
