@@ -21,7 +21,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from runner import preemption
+from runner import preemption, slurm
 from runner.config import (
     ConfigError,
     RunnerConfig,
@@ -102,6 +102,10 @@ def main(cfg: DictConfig) -> float | None:
     stamp("import torch")
     try:
         validate(cfg)
+        if slurm.under_srun() and not slurm.set_rank_environment() and cfg.trainer.num_nodes == 1:
+            # Started by a Slurm job without our command line (Hydra's submitit launcher): one task per node.
+            for key, value in slurm.node_launcher_settings().items():
+                OmegaConf.update(cfg, key, int(value) if value.isdigit() else value)
         overrides = _task_overrides()
         if cfg.resume:
             cfg, overrides = _resume(cfg, overrides)
@@ -233,6 +237,9 @@ def prepare_command_line(argv: list[str]) -> list[str]:
             raise ConfigError("resume= continues one run; drop -m/--multirun.")
         checkpoint, saved, extra = _resume_command_line(resume, overrides)
         overrides = saved + [f"resume={_hydra_value(str(checkpoint))}" if _is_resume(o) else o for o in overrides]
+    if slurm.under_srun() and not args.multirun:
+        given = dict(o.lstrip("+").split("=", 1) for o in overrides + extra if "=" in o)
+        overrides += slurm.command_line(given)  # checked with the rest: they must make a valid config too
     if not (args.config_path or args.config_dir):
         check_overrides(overrides, config_name=args.config_name or CONFIG_NAME)
     if _under_torchrun() and not args.multirun and not _sets(overrides, "hydra.run.dir") and not resume:
