@@ -94,7 +94,7 @@ def main(cfg: DictConfig) -> float | None:
     """Validate, resolve ``resume``, fix the run folder, and launch. Returns the sweep objective."""
     stamp("compose with Hydra")
     from runner.data import download_missing
-    from runner.data.mnist_files import DownloadError
+    from runner.data.mnist_files import DataFileError, DownloadError
     from runner.engine.checkpoint import CheckpointError
     from runner.launch import WorkerFailed, launch
     from runner.lock import FolderLocked, RunLock
@@ -132,7 +132,7 @@ def main(cfg: DictConfig) -> float | None:
     except preemption.Preempted as stop:
         print(f"runner: {_stopped(stop, str(project_dir))}", file=sys.stderr)
         sys.exit(preemption.EXIT_CODE)
-    except (WorkerFailed, CheckpointError, DownloadError, FolderLocked) as error:  # runtime failures, in one sentence
+    except (WorkerFailed, CheckpointError, DownloadError, DataFileError, FolderLocked) as error:  # one sentence
         print(f"runner: error: {error}", file=sys.stderr)
         sys.exit(RUNTIME_ERROR)
 

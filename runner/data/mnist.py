@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from runner.data.mnist_files import MNIST_FILES, download_mnist, find_mnist_file
+from runner.data.mnist_files import MNIST_FILES, DataFileError, download_mnist, find_mnist_file
 from runner.data.splits import parse_split
 
 MEAN, STD = 0.1307, 0.3081
@@ -22,18 +22,25 @@ def read_idx(path: str | os.PathLike) -> torch.Tensor:
     """Read an IDX file (``.gz`` or raw) into a tensor of its stored dtype and shape."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        data = f.read()
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as error:  # unreadable, a truncated or damaged gzip stream
+        raise DataFileError(
+            f"{path} cannot be read ({error}); delete it and let data.download=true fetch it again, or replace it."
+        ) from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
-        raise ValueError(f"{path} is not an IDX file (bad magic number); download it again.")
+        raise DataFileError(f"{path} is not an IDX file (bad magic number); download it again.")
     dtype, ndim = _IDX_DTYPES[data[2]], data[3]
     if len(data) < 4 + 4 * ndim:
-        raise ValueError(f"{path} ends inside its header; it is truncated, so download it again.")
+        raise DataFileError(f"{path} ends inside its header; it is truncated, so download it again.")
     shape = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
     body = data[4 + 4 * ndim :]
     expected = math.prod(shape) * dtype.itemsize
     if len(body) != expected:
-        raise ValueError(f"{path} holds {len(body)} bytes of data but its header promises {expected}; it is truncated.")
+        raise DataFileError(
+            f"{path} holds {len(body)} bytes of data but its header promises {expected}; it is truncated."
+        )
     if expected == 0:
         return torch.empty(shape, dtype=dtype)
     tensor = torch.frombuffer(bytearray(body), dtype=dtype)

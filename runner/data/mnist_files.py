@@ -16,6 +16,10 @@ class DownloadError(RuntimeError):
     """No mirror delivered a file with the published checksum."""
 
 
+class DataFileError(ValueError):
+    """A data file that cannot be read: truncated, corrupted, or of another format. One sentence."""
+
+
 MNIST_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),

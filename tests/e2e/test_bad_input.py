@@ -5,7 +5,7 @@ import shutil
 import socket
 
 from runner.lock import RunLock
-from tests.e2e.conftest import mnist_args, run_cli
+from tests.e2e.conftest import MNIST, mnist_args, run_cli
 
 
 def _fingerprint(run):
@@ -28,6 +28,10 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
     shutil.copytree(run, corrupted)
     optimizer = corrupted / "checkpoints" / "checkpoint_1" / "optimizer.bin"
     optimizer.write_bytes(optimizer.read_bytes()[:-10] + bytes(10))  # same size, other bytes
+    truncated = tmp_path / "truncated"  # a data file cut short (a download that died half-way)
+    truncated.mkdir()
+    shutil.copy(MNIST / "t10k-labels-idx1-ubyte.gz", truncated)
+    (truncated / "t10k-images-idx3-ubyte.gz").write_bytes((MNIST / "t10k-images-idx3-ubyte.gz").read_bytes()[:5000])
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
@@ -45,6 +49,8 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
          "parallel strategy; add parallel=ddp or parallel=fsdp"),
         (["data.root=" + str(tmp_path / "nowhere"), "data.download=false", at_run], 2, "are not in "
          f"{tmp_path / 'nowhere'}"),
+        ([f"data.root={truncated}", 'data.train_split="test[:100]"', 'data.eval_split="test[100:200]"',
+          f"hydra.run.dir={tmp_path / 'other'}"], 1, f"{truncated / 't10k-images-idx3-ubyte.gz'} cannot be read"),
         ([f"resume={tmp_path / 'missing'}"], 2, str(tmp_path / "missing")),
         ([f"resume={not_a_checkpoint}"], 2, str(not_a_checkpoint)),
         ([f"resume={corrupted}/checkpoints/checkpoint_1"], 2, "optimizer.bin does not match its sha256 in the "
