@@ -53,9 +53,9 @@ def _preempt_and_resume(tmp_path, common, stop, stopped_by="SIG"):
     return records
 
 
-def test_sigterm_twice_to_the_launcher_stops_both_ranks_at_one_step_and_resume_is_exact(tmp_path):
+def test_signals_to_the_launcher_stop_both_ranks_at_one_step_and_resume_is_exact(tmp_path):
     def stop(pid):
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGUSR1)  # what Slurm sends before the time limit
         time.sleep(0.05)
         os.kill(pid, signal.SIGTERM)  # a second signal while the checkpoint is being written
 
