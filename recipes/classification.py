@@ -147,7 +147,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float:
                 evaluate_and_log()
             if every(save_every, progress.step):
                 checkpoint()
-            if preemption.agreed(accelerator):  # a stop signal reached some process: all stop here
+            if preemption.agreed(accelerator, progress.step):  # a stop signal reached some process: all stop here
                 if last_checkpoint != progress.step:
                     checkpoint()
                 accelerator.wait_for_checkpoint()

@@ -1,9 +1,10 @@
 """Stop cleanly when the cluster asks: SIGTERM or SIGUSR1 -> one agreed step, one checkpoint, exit 75.
 
 Slurm and most schedulers send SIGTERM (or a chosen signal such as SIGUSR1, ``--signal``) some time
-before they kill a job. Every worker records such a signal instead of dying; at each optimizer step
-boundary the ranks reduce the flag (one tiny all-reduce), so all of them stop at the same step, save
-the same checkpoint, and the run exits with :data:`EXIT_CODE` (75, EX_TEMPFAIL: "try again later").
+before they kill a job. Every worker records such a signal instead of dying; at optimizer step
+boundaries (every 10th with several processes, see :func:`agreed`) the ranks reduce the flag, so all
+of them stop at the same step, save the same checkpoint, and the run exits with :data:`EXIT_CODE`
+(75, EX_TEMPFAIL: "try again later").
 ``python -m runner resume=<run folder>`` then continues exactly. A second signal during the save is
 ignored; a kill during it leaves the previous checkpoint intact (checkpoints commit atomically).
 """
@@ -56,10 +57,16 @@ def received() -> str | None:
     return _received[0] if _received else None
 
 
-def agreed(accelerator) -> bool:
-    """Whether any process received a stop signal. Every process calls it at the same step."""
+def agreed(accelerator, step: int, every: int = 10) -> bool:
+    """Whether any process received a stop signal. Every process calls it at the same steps.
+
+    Alone, a process looks at its own flag each step. Several reduce theirs every ``every`` steps
+    only: the reduction reads a value back from the device, which would stall a GPU each step.
+    """
     if accelerator.num_processes == 1:
         return bool(_received)
+    if step % every:
+        return False
     import torch
 
     flag = torch.tensor([float(bool(_received))], device=accelerator.device)

@@ -59,15 +59,15 @@ def test_signals_to_the_launcher_stop_both_ranks_at_one_step_and_resume_is_exact
         time.sleep(0.05)
         os.kill(pid, signal.SIGTERM)  # a second signal while the checkpoint is being written
 
-    common = ["experiment=mnist_ddp", *mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=40"]
+    common = ["experiment=mnist_ddp", *mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=60"]
     records = _preempt_and_resume(tmp_path, [*common, "trainer.checkpoint_every_n_steps=5"], stop)
-    assert records[-1]["step"] < 40
+    assert records[-1]["step"] < 60 and records[-1]["step"] % 10 == 0  # ranks agree every 10th step
 
 
 def test_sigusr1_to_a_single_process_run_saves_and_resumes_exactly(tmp_path):
-    common = [*mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=40"]
+    common = [*mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=60"]
     records = _preempt_and_resume(tmp_path, common, lambda pid: os.kill(pid, signal.SIGUSR1))
-    assert len(records) == 1 and records[0]["step"] < 40  # one checkpoint, at the agreed step
+    assert len(records) == 1 and records[0]["step"] < 60  # one checkpoint, at the next step (alone: any step)
 
 
 def test_sigterm_to_one_worker_stops_every_rank_at_the_same_step(tmp_path):
@@ -76,13 +76,13 @@ def test_sigterm_to_one_worker_stops_every_rank_at_the_same_step(tmp_path):
         worker = int(workers.stdout.split()[-1])  # the last rank started
         os.kill(worker, signal.SIGTERM)
 
-    common = ["experiment=mnist_ddp", *mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=40"]
+    common = ["experiment=mnist_ddp", *mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=60"]
     records = _preempt_and_resume(tmp_path, common, stop, stopped_by="a stop signal to the workers")
-    assert len(records) == 1 and records[0]["step"] < 40
+    assert len(records) == 1 and records[0]["step"] < 60 and records[0]["step"] % 10 == 0
 
 
 def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_path):
-    common = ["experiment=mnist_ddp", *mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=40"]
+    common = ["experiment=mnist_ddp", *mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=60"]
     common += ["trainer.checkpoint_every_n_steps=5", "trainer.max_restarts=1"]
     full, cut = tmp_path / "full", tmp_path / "cut"
     done = run_cli(*common, f"hydra.run.dir={full}", cwd=tmp_path)
