@@ -134,6 +134,12 @@ class DispatchedDataLoader(PreparedDataLoader):
 
     def _pass(self, skip: int) -> Iterator[Any]:
         sharding = self.sharding
+        if skip % sharding.global_batch_size and not self._map_style:  # raised on every rank alike
+            raise ValueError(
+                f"This iterable loader cannot resume {skip} samples into an epoch: dispatched streams resume at "
+                f"whole global batches of {sharding.global_batch_size}; resume with the global batch size the run "
+                "was saved with."
+            )
         rounds = self._load_and_send(skip) if sharding.process_index == 0 else self._receive()
         for batch, remainder, next_rows in rounds:
             start, stop = _row_range(sharding, _rows(batch))
@@ -173,11 +179,6 @@ class DispatchedDataLoader(PreparedDataLoader):
 
     def _streamed_rounds(self, skip: int) -> Iterator[_Round]:
         sharding, size = self.sharding, self.sharding.global_batch_size
-        if skip % size:
-            raise ValueError(
-                f"This iterable loader cannot resume {skip} samples into an epoch: dispatched streams resume "
-                f"at whole global batches of {size}; resume with the global batch size the run was saved with."
-            )
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(self.iteration)
         stream = _rebatch(DataLoader.__iter__(self), size)

@@ -159,10 +159,18 @@ def _resume_stream():
     position = loader.state_dict()
     resumed = accelerator.prepare(DataLoader(CountingStream(50), batch_size=4))
     resumed.load_state_dict(position)
-    return {"position": position, "uninterrupted": uninterrupted, "resumed": [b.tolist() for b in resumed]}
+    result = {"position": position, "uninterrupted": uninterrupted, "resumed": [b.tolist() for b in resumed]}
+    misaligned = accelerator.prepare(DataLoader(CountingStream(50), batch_size=4))
+    misaligned.load_state_dict({"epoch": 1, "samples_seen": 6})  # saved with another global batch size
+    try:
+        next(iter(misaligned))
+    except ValueError as error:  # on every rank, so none waits for a broadcast that never comes
+        result["refused"] = str(error)
+    return result
 
 
 def test_a_dispatched_stream_resumes_at_its_position(launch):
     for result in launch(_resume_stream):
         assert result["position"] == {"epoch": 1, "samples_seen": 24}
         assert result["resumed"] == result["uninterrupted"][3:]
+        assert result["refused"].startswith("This iterable loader cannot resume 6 samples into an epoch")

@@ -166,7 +166,8 @@ def repoint_optimizer(optimizer: torch.optim.Optimizer, before: dict[int, tuple[
             "prepare() shards the model's parameters, but this optimizer has already stepped on the unsharded "
             "ones; build the optimizer fresh and prepare it together with the model."
         )
-    after = {id(model): dict(_named_parameters(model)) for model, _ in before.values()}
+    models = {id(model): model for model, _ in before.values()}
+    after = {key: dict(_named_parameters(model)) for key, model in models.items()}
     for group in optimizer.param_groups:
         group["params"] = [
             after[id(before[id(p)][0])][before[id(p)][1]] if id(p) in before else p for p in group["params"]
