@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -27,10 +28,24 @@ def _wait_for_training(run, process, timeout=120):
         time.sleep(0.1)
 
 
-def _preempt_and_resume(tmp_path, common, stop, stopped_by="SIG"):
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    done = run_cli(*common, f"hydra.run.dir={full}", cwd=tmp_path)
+DDP_RUN = ["experiment=mnist_ddp", *mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=60"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_ddp(tmp_path_factory):
+    """DDP_RUN from start to end: what every interrupted DDP run below must end up equal to."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    done = run_cli(*DDP_RUN, f"hydra.run.dir={folder / 'run'}", cwd=folder)
     assert done.returncode == 0, done.stderr[-3000:]
+    return folder / "run"
+
+
+def _preempt_and_resume(tmp_path, common, stop, full=None, stopped_by="SIG"):
+    cut = tmp_path / "cut"
+    if full is None:
+        full = tmp_path / "full"
+        done = run_cli(*common, f"hydra.run.dir={full}", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
 
     process = _start([*common, f"hydra.run.dir={cut}"], tmp_path)
     _wait_for_training(cut, process)
@@ -53,14 +68,14 @@ def _preempt_and_resume(tmp_path, common, stop, stopped_by="SIG"):
     return records
 
 
-def test_signals_to_the_launcher_stop_both_ranks_at_one_step_and_resume_is_exact(tmp_path):
+def test_signals_to_the_launcher_stop_both_ranks_at_one_step_and_resume_is_exact(tmp_path, uninterrupted_ddp):
     def stop(pid):
         os.kill(pid, signal.SIGUSR1)  # what Slurm sends before the time limit
         time.sleep(0.05)
         os.kill(pid, signal.SIGTERM)  # a second signal while the checkpoint is being written
 
-    common = ["experiment=mnist_ddp", *mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=60"]
-    records = _preempt_and_resume(tmp_path, [*common, "trainer.checkpoint_every_n_steps=5"], stop)
+    common = [*DDP_RUN, "trainer.checkpoint_every_n_steps=5"]  # checkpoints change nothing in the training
+    records = _preempt_and_resume(tmp_path, common, stop, uninterrupted_ddp)
     assert records[-1]["step"] < 60 and records[-1]["step"] % 10 == 0  # ranks agree every 10th step
 
 
@@ -70,23 +85,19 @@ def test_sigusr1_to_a_single_process_run_saves_and_resumes_exactly(tmp_path):
     assert len(records) == 1 and records[0]["step"] < 60  # one checkpoint, at the next step (alone: any step)
 
 
-def test_sigterm_to_one_worker_stops_every_rank_at_the_same_step(tmp_path):
+def test_sigterm_to_one_worker_stops_every_rank_at_the_same_step(tmp_path, uninterrupted_ddp):
     def stop(pid):
         workers = subprocess.run(["pgrep", "-P", str(pid), "-f", "spawn_main"], capture_output=True, text=True)
         worker = int(workers.stdout.split()[-1])  # the last rank started
         os.kill(worker, signal.SIGTERM)
 
-    common = ["experiment=mnist_ddp", *mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=60"]
-    records = _preempt_and_resume(tmp_path, common, stop, stopped_by="a stop signal to the workers")
+    records = _preempt_and_resume(tmp_path, DDP_RUN, stop, uninterrupted_ddp, "a stop signal to the workers")
     assert len(records) == 1 and records[0]["step"] < 60 and records[0]["step"] % 10 == 0
 
 
-def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_path):
-    common = ["experiment=mnist_ddp", *mnist_args("test[:4000]", "test[9800:]"), "trainer.max_steps=60"]
-    common += ["trainer.checkpoint_every_n_steps=5", "trainer.max_restarts=1"]
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    done = run_cli(*common, f"hydra.run.dir={full}", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_path, uninterrupted_ddp):
+    common = [*DDP_RUN, "trainer.checkpoint_every_n_steps=5", "trainer.max_restarts=1"]
+    full, cut = uninterrupted_ddp, tmp_path / "cut"
 
     process = _start([*common, f"hydra.run.dir={cut}"], tmp_path)
     deadline = time.monotonic() + 120
