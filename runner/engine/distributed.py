@@ -139,7 +139,8 @@ def init_process_group(env: DistributedEnvironment, *, timeout: timedelta | None
         # Binding the group to the device lets NCCL create its communicator eagerly and avoids the
         # "guessing device" warning and its barrier on the wrong GPU.
         kwargs["device_id"] = env.device
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    if restarted and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         kwargs["store"] = _agent_store(env, timeout)
     dist.init_process_group(**kwargs)
     # Tear the group down before the interpreter does: left to static destructors, gloo's threads
@@ -152,6 +153,7 @@ def _agent_store(env: DistributedEnvironment, timeout: timedelta | None) -> dist
 
     After an elastic restart the agent hands the new workers the same store; unprefixed, they would
     read the previous attempt's addresses (gloo: "connectFullMesh failed ... Connection refused").
+    The first attempt has a fresh store and takes torch's own path.
     """
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
