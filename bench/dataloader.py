@@ -12,12 +12,10 @@ MNIST is read from --data (default ../shared/data/mnist beside the checkout).
 
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
 
 import torch
-from common import ROOT, Report, interleave
+from common import Report, arguments, interleave
 from torch.utils.data import DataLoader, Subset
 
 from runner.data.mnist import MNIST
@@ -37,11 +35,7 @@ def seconds_per_batch(loader, epochs: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a slice of the data and two rounds (CI)")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "mnist"), help="MNIST IDX folder")
-    args = parser.parse_args()
+    args = arguments(__doc__, data=True)
     dataset = MNIST(args.data, "test")
     if args.quick:
         dataset = Subset(dataset, range(2048))

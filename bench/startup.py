@@ -14,7 +14,6 @@ MNIST is read from --data (default ../shared/data/mnist beside the checkout).
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import statistics
@@ -24,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, Report, interleave
+from common import Report, arguments, interleave
 
 STARTUP_LINE = re.compile(r"Start-up: first optimizer step ([\d.]+) s after the command \((.*)\)")
 
@@ -56,11 +55,7 @@ def first_step(overrides: list[str], data: str, cwd: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds (CI)")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "mnist"), help="MNIST IDX folder")
-    args = parser.parse_args()
+    args = arguments(__doc__, data=True)
     rounds, runs = (2, 1) if args.quick else (5, 3)
     report = Report("Start-up")
     with tempfile.TemporaryDirectory() as tmp:

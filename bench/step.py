@@ -13,13 +13,11 @@ MNIST is read from --data (default ../shared/data/mnist beside the checkout).
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
-from pathlib import Path
 
 import torch
-from common import ROOT, Report, interleave
+from common import Report, arguments, interleave
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -96,11 +94,7 @@ def ddp_worker(data: str, channels: int, hidden: int, steps: int, rounds: int) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a narrow CNN and a few steps (CI)")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "mnist"), help="MNIST IDX folder")
-    args = parser.parse_args()
+    args = arguments(__doc__, data=True)
     channels, hidden, steps, rounds = (8, 32, 3, 2) if args.quick else (32, 128, 24, 5)
 
     dataset = MNIST(args.data, "test")
