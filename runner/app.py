@@ -46,6 +46,7 @@ _GROUPS = ("trainer", "model", "data", "optimizer", "scheduler", "parallel", "pr
 def cli() -> None:
     """``python -m runner [overrides]``: Hydra's command line, checked first."""
     from runner.lock import FolderLocked, RunLock
+    from runner.worker import exit_without_finalizing
 
     register_configs()
     try:
@@ -66,6 +67,11 @@ def cli() -> None:
         sys.exit(RUNTIME_ERROR)
     try:
         hydra_main()
+    except SystemExit as stop:
+        exit_without_finalizing(stop.code or 0 if isinstance(stop.code, (int, type(None))) else RUNTIME_ERROR)
+        raise
+    else:
+        exit_without_finalizing(0)  # a torchrun worker with a process group: see the function
     finally:
         if lock is not None:
             lock.release()

@@ -123,8 +123,39 @@ def run_worker(config: dict[str, Any], overrides: list[str]) -> float | None:
 def run_worker_process(config: dict[str, Any], overrides: list[str]) -> float | None:
     """:func:`run_worker` as one of several processes: a preempted worker exits with preemption.EXIT_CODE."""
     try:
-        return run_worker(config, overrides)
+        objective = run_worker(config, overrides)
     except preemption.Preempted as stop:
         logger.warning("Preempted: %s; the checkpoint is saved", stop)
         preemption.release()  # a further signal may now end the process: nothing is left to lose
+        exit_without_finalizing(preemption.EXIT_CODE)
         sys.exit(preemption.EXIT_CODE)
+    exit_without_finalizing(0)
+    return objective
+
+
+def exit_without_finalizing(code: int) -> None:
+    """End this process with ``code`` once Python starts to exit, before the interpreter finalizes.
+
+    A training process of several is done once its checkpoints, metrics and logs are written, but
+    gloo's worker threads may still be releasing the tensors of its last collective; a thread that
+    takes the GIL while the interpreter finalizes aborts the process ("terminate called without an
+    active exception"), which would turn a finished run into a failed one. Registered last, this
+    exit handler runs first: it flushes the logs and standard streams and leaves with ``os._exit``.
+    Called only once the outcome is known, so the code is the one the process would have exited with.
+    """
+    import atexit
+
+    def leave() -> None:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            atexit.register(leave)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import enum
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -143,8 +144,6 @@ def init_process_group(env: DistributedEnvironment, *, timeout: timedelta | None
     if restarted and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         kwargs["store"] = _agent_store(env, timeout)
     dist.init_process_group(**kwargs)
-    # Tear the group down before the interpreter does: left to static destructors, gloo's threads
-    # can outlive the group and abort the process ("terminate called without an active exception").
     atexit.register(_destroy_process_group)
 
 
@@ -166,5 +165,14 @@ def _agent_store(env: DistributedEnvironment, timeout: timedelta | None) -> dist
 
 
 def _destroy_process_group() -> None:
+    """Tear the group down, and give gloo's threads a moment, before the interpreter finalizes.
+
+    A gloo worker thread releases each finished collective's tensors after the caller has moved on;
+    releasing a tensor that has a Python object takes the GIL, and a thread that asks for the GIL
+    while the interpreter finalizes aborts the process ("terminate called without an active
+    exception"). A short sleep, with the GIL released, lets a descheduled thread finish first. The
+    runner's own workers leave without finalizing at all (runner.worker.exit_without_finalizing).
+    """
     if dist.is_initialized():
         dist.destroy_process_group()
+        time.sleep(0.1)
