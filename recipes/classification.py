@@ -32,6 +32,9 @@ from runner.training import (
 
 logger = logging.getLogger("runner")
 
+# What train() returns, for sweeps: Hydra's sweepers optimise it, and sweep summaries rank jobs by it.
+OBJECTIVE = ("eval/accuracy", "maximize")
+
 
 def evaluate(model, loader, accelerator: Accelerator) -> dict[str, float]:
     """Loss and accuracy over every sample of the eval split exactly once, across all processes."""

@@ -15,7 +15,9 @@ import os
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -32,9 +34,12 @@ from runner.config import (
     validate,
 )
 from runner.preflight import check_rendezvous_port, check_writable
-from runner.startup import stamp
+from runner.startup import restart, stamp, stamps
 
 logger = logging.getLogger("runner")
+# conf/hydra/launcher/joblib.yaml and conf/hydra/sweeper/basic.yaml take the place of the plugins'
+# own configs of those names on purpose, and are checked against their schemas: no warning for that.
+warnings.filterwarnings("ignore", message=r"\s*'hydra/(launcher/joblib|sweeper/basic)' is validated against")
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONFIG_NAME = "config"
@@ -104,8 +109,13 @@ def main(cfg: DictConfig) -> float | None:
     from runner.engine.checkpoint import CheckpointError
     from runner.launch import WorkerFailed, launch
     from runner.lock import FolderLocked, RunLock
+    from runner.sweeps import JobFailed, SweepJob, apply_thread_budget
 
     stamp("import torch")
+    job = SweepJob.current()  # None unless this is one job of a multirun
+    if job is not None and "first optimizer step" in dict(stamps()):
+        restart("start the next sweep job")  # an earlier job of this process already reported its start-up
+    project_dir = None
     try:
         validate(cfg)
         if slurm.under_srun() and not slurm.set_rank_environment() and cfg.trainer.num_nodes == 1:
@@ -113,6 +123,8 @@ def main(cfg: DictConfig) -> float | None:
             for key, value in slurm.node_launcher_settings().items():
                 OmegaConf.update(cfg, key, int(value) if value.isdigit() else value)
         overrides = _task_overrides()
+        if job is not None and not cfg.resume and job.resumable(_project_dir(cfg)):
+            cfg.resume = str(_project_dir(cfg))  # an earlier attempt of this sweep job: continue it
         if cfg.resume:
             cfg, overrides = _resume(cfg, overrides)
             validate(cfg)
@@ -131,16 +143,42 @@ def main(cfg: DictConfig) -> float | None:
         # One launching process per run takes the folder: torchrun's rank 0, node 0 of several.
         locks = int(os.environ.get("RANK", "0")) == 0 and cfg.trainer.node_rank == 0
         with RunLock(project_dir) if locks else contextlib.nullcontext():
-            return launch(config, overrides)
+            if job is not None:
+                processes = config["trainer"]["num_processes"]
+                job.record["threads_per_process"] = apply_thread_budget(processes if isinstance(processes, int) else 1)
+                job.start(project_dir, cfg.recipe)
+            objective = launch(config, overrides)
+    except FolderLocked as error:  # another process runs this folder: its record is not ours to touch
+        _fail(None if job is None else job.folder, RUNTIME_ERROR, str(error))
     except ConfigError as error:
-        print(f"runner: error: {error}", file=sys.stderr)
-        sys.exit(USAGE_ERROR)
+        _fail(job, USAGE_ERROR, str(error))
     except preemption.Preempted as stop:
-        print(f"runner: {_stopped(stop, str(project_dir))}", file=sys.stderr)
+        message = _stopped(stop, str(project_dir))
+        if job is not None:
+            job.stop(message)  # the whole sweep stops: the scheduler wants the machine back
+        print(f"runner: {message}", file=sys.stderr)
         sys.exit(preemption.EXIT_CODE)
-    except (WorkerFailed, CheckpointError, DownloadError, DataFileError, FolderLocked) as error:  # one sentence
-        print(f"runner: error: {error}", file=sys.stderr)
-        sys.exit(RUNTIME_ERROR)
+    except (WorkerFailed, CheckpointError, DownloadError, DataFileError, JobFailed) as error:  # one sentence
+        _fail(job, RUNTIME_ERROR, str(error))
+    except Exception as error:
+        if job is not None:
+            job.fail(f"{type(error).__name__}: {error}")
+        raise
+    if job is not None:
+        job.finish(objective)
+    return objective
+
+
+def _fail(job, code: int, message: str) -> NoReturn:
+    """Report ``message``: alone, one line and exit ``code``; in a sweep, record it and let the sweep go on."""
+    from runner.sweeps import JobFailed, SweepJob
+
+    if job is None:
+        print(f"runner: error: {message}", file=sys.stderr)
+        sys.exit(code)
+    if isinstance(job, SweepJob):
+        job.fail(message)
+    raise JobFailed(message) from None
 
 
 def _stopped(stop, project_dir: str) -> str:

@@ -92,3 +92,19 @@ def _describe(holder: dict) -> str:
         return "a run that has not recorded itself yet"
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
     return f"pid {holder.get('pid')} on {holder.get('host')}, since {since}"
+
+
+def is_locked(folder: Path) -> bool:
+    """Whether a live run holds ``folder``'s lock (read-only: creates and changes nothing)."""
+    path = Path(folder) / LOCK_NAME
+    try:
+        handle = open(path)  # noqa: SIM115 - closed below
+    except OSError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False

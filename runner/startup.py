@@ -28,6 +28,11 @@ def stamp(phase: str) -> None:
     os.environ[STARTUP_ENV] = f"{previous};{phase}={time.time():.6f}" if previous else f"{phase}={time.time():.6f}"
 
 
+def restart(phase: str) -> None:
+    """Start a new record at ``phase`` (a sweep's next job in the same process starts from there)."""
+    os.environ[STARTUP_ENV] = f"{phase}={time.time():.6f}"
+
+
 def stamps() -> list[tuple[str, float]]:
     """The phases stamped so far, in order, with the time each ended."""
     found = []

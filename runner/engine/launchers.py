@@ -144,6 +144,12 @@ def elastic_run(
     environment = dict(environment or {})
     if "OMP_NUM_THREADS" not in os.environ:
         environment["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // num_processes))
+    import multiprocessing
+
+    if multiprocessing.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
+        # A joblib worker runs with loky's start method, which the spawned workers would inherit
+        # and could not find ("cannot find context for 'loky'").
+        multiprocessing.set_start_method(start_method, force=True)
     with _environment(environment):
         return elastic_launch(config, function)(*args)
 

@@ -68,21 +68,27 @@ class TensorBoardTracker(GeneralTracker):
 
         self.logging_dir = Path(logging_dir) / run_name
         self.writer = SummaryWriter(str(self.logging_dir), **kwargs)
+        self._hparams: dict[str, Any] | None = None
+        self._scalar_tags: set[str] = set()
 
     @property
     def tracker(self):
         return self.writer
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        """Record hyperparameters, so runs compare in TensorBoard's HParams tab."""
+        """Record hyperparameters, so runs compare in TensorBoard's HParams tab.
+
+        The hyperparameters are written now; which metrics the tab shows is declared when the run
+        finishes (:meth:`finish`): every scalar the run logged, whose last value is its final one.
+        """
         from torch.utils.tensorboard.summary import hparams
 
-        flat = {
+        self._hparams = {
             key: value if isinstance(value, (bool, int, float, str)) else str(value)
             for key, value in _flatten(values).items()
         }
-        for summary in hparams(flat, metric_dict={}):
-            self.writer.file_writer.add_summary(summary)
+        _, session_start, _ = hparams(self._hparams, metric_dict={})
+        self.writer.file_writer.add_summary(session_start)
         self.writer.add_text("config", "```\n" + json.dumps(values, indent=2, default=str) + "\n```")
         self.writer.flush()
 
@@ -91,6 +97,7 @@ class TensorBoardTracker(GeneralTracker):
             scalar = _scalar(value)
             if scalar is not None:
                 self.writer.add_scalar(key, scalar, global_step=step, **kwargs)
+                self._scalar_tags.add(key)
             elif isinstance(value, str):
                 self.writer.add_text(key, value, global_step=step, **kwargs)
             elif isinstance(value, dict):
@@ -98,6 +105,12 @@ class TensorBoardTracker(GeneralTracker):
         self.writer.flush()
 
     def finish(self) -> None:
+        if self._hparams is not None:  # the HParams tab: these hyperparameters, and each metric's final value
+            from torch.utils.tensorboard.summary import hparams
+
+            experiment, _, session_end = hparams(self._hparams, metric_dict=dict.fromkeys(sorted(self._scalar_tags), 0))
+            self.writer.file_writer.add_summary(experiment)
+            self.writer.file_writer.add_summary(session_end)
         self.writer.close()
 
 

@@ -156,10 +156,12 @@ def test_tensorboard_scalars_read_back(tmp_path):
 
 
 def test_tensorboard_store_init_configuration_writes_hparams(tmp_path):
-    from tensorboard.plugins.hparams import plugin_data_pb2
+    from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
     tracker = TensorBoardTracker("hp", tmp_path)
     tracker.store_init_configuration({"lr": 0.1, "optimizer": {"name": "adam", "betas": (0.9, 0.99)}})
+    tracker.log({"eval/accuracy": 0.5, "train/loss": 2.0}, step=1)
+    tracker.log({"eval/accuracy": 0.75, "note": "text is not a metric"}, step=2)
     tracker.finish()
 
     accumulator = _accumulator(tmp_path / "hp")
@@ -177,3 +179,11 @@ def test_tensorboard_store_init_configuration_writes_hparams(tmp_path):
     assert hparams["optimizer.betas"].string_value == "(0.9, 0.99)"
     # The full config is also logged as text.
     assert "config/text_summary" in accumulator.Tags()["tensors"]
+    # At the end, the experiment declares every logged scalar as a metric (the tab shows its last value)...
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+    assert sorted(info.name.tag for info in experiment.metric_infos) == ["eval/accuracy", "train/loss"]
+    assert sorted(info.name for info in experiment.hparam_infos) == ["lr", "optimizer.betas", "optimizer.name"]
+    assert [(e.step, e.value) for e in accumulator.Scalars("eval/accuracy")][-1] == (2, 0.75)
+    # ...and the session as finished.
+    end = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_end_info"]).session_end_info
+    assert end.status == api_pb2.STATUS_SUCCESS

@@ -1,0 +1,81 @@
+"""Hydra's basic grid sweeper, made resumable and tolerant of failed jobs (see runner.sweeps)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf, open_dict
+
+log = logging.getLogger("runner")
+
+
+class ResumableSweeper(BasicSweeper):
+    """The cartesian product of the sweep's values, one job per combination, numbered as Hydra does.
+
+    Re-run on the same ``hydra.sweep.dir``, finished jobs are skipped (their folders are not
+    touched), and the others are launched again under their own numbers: each resumes from its
+    newest checkpoint (runner.app). A failed job is recorded and the sweep goes on; the command
+    exits 1 at the end, naming it.
+    """
+
+    def sweep(self, arguments: list[str]) -> Any:
+        from runner.lock import FolderLocked, RunLock
+        from runner.sweeps import contiguous, exit_with_failures, plan
+
+        params = [f"{key}={value}" for key, value in self.params.items()] + list(arguments)
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        batches = self.split_arguments(parser.parse_overrides(params), self.max_batch_size)
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        try:
+            lock = RunLock(sweep_dir).acquire()  # one sweep command per sweep folder at a time
+        except FolderLocked as error:
+            print(f"runner: error: {error}", file=sys.stderr)
+            sys.exit(1)
+        try:
+            OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+            jobs = [list(job) for batch in batches for job in batch]
+            folders = [self._folder(index, job) for index, job in enumerate(jobs)]  # composes each: checks it too
+            to_run, problems = plan(list(zip(folders, jobs, strict=True)))
+            if problems:
+                print(
+                    f"runner: error: hydra.sweep.dir={sweep_dir} already holds another sweep ({problems[0]}); "
+                    "give this sweep a new hydra.sweep.dir.",
+                    file=sys.stderr,
+                )
+                sys.exit(2)
+            skipped = len(jobs) - len(to_run)
+            if skipped:
+                log.info("Sweep %s: %d of %d jobs already finished; running the other %d", sweep_dir, skipped,
+                         len(jobs), len(to_run))  # fmt: skip
+            returns: list[list[JobReturn]] = []
+            failures = []
+            start = 0
+            for batch in batches:
+                indices = [i for i in to_run if start <= i < start + len(batch)]
+                for group in contiguous(indices):
+                    results = self.launcher.launch([jobs[i] for i in group], initial_job_idx=group[0])
+                    for index, result in zip(group, results, strict=True):
+                        if result.status == JobStatus.FAILED:
+                            failures.append((folders[index], jobs[index]))
+                    returns.append(list(results))
+                start += len(batch)
+                self.batch_index += 1
+        finally:
+            lock.release()
+        if failures:
+            exit_with_failures(sweep_dir, failures)
+        return returns
+
+    def _folder(self, index: int, overrides: list[str]) -> Path:
+        """The folder Hydra gives job ``index`` (hydra.sweep.dir / hydra.sweep.subdir)."""
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        with open_dict(config):
+            config.hydra.job.num = index
+            config.hydra.job.id = f"{config.hydra.job.name}_{index}"
+        return Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
