@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-logger = logging.getLogger(__name__)
+from runner.data.download import DataFileError, DownloadError, download_file, sha256_of
 
-
-class DownloadError(RuntimeError):
-    """No mirror delivered a file with the published checksum."""
-
-
-class DataFileError(ValueError):
-    """A data file that cannot be read: truncated, corrupted, or of another format. One sentence."""
-
+__all__ = ["DataFileError", "DownloadError", "download_mnist", "find_mnist_file", "sha256_of"]
 
 MNIST_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
@@ -46,14 +35,6 @@ def find_mnist_file(root: Path, gz_name: str) -> Path | None:
     return None
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def download_mnist(root: str | os.PathLike, splits: tuple[str, ...] = ("train", "test")) -> list[Path]:
     """Fetch the official files of ``splits`` into ``root``, verifying each one's sha256.
 
@@ -73,22 +54,4 @@ def download_mnist(root: str | os.PathLike, splits: tuple[str, ...] = ("train", 
 
 
 def _download_one(name: str, target: Path) -> Path:
-    partial = target.with_name(target.name + ".part")
-    errors = []
-    for mirror in MIRRORS:
-        url = mirror + name
-        try:
-            logger.info("Downloading %s", url)
-            with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
-        except (urllib.error.URLError, OSError) as error:
-            errors.append(f"{url}: {error}")
-            continue
-        digest = sha256_of(partial)
-        if digest == MNIST_SHA256[name]:
-            os.replace(partial, target)
-            return target
-        errors.append(f"{url}: sha256 {digest} is not the published {MNIST_SHA256[name]}")
-    partial.unlink(missing_ok=True)
-    raise DownloadError(f"Could not download {name} from any mirror ({'; '.join(errors)}); check your connection.")
+    return download_file(target, urls=[mirror + name for mirror in MIRRORS], sha256=MNIST_SHA256[name])
