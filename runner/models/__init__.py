@@ -1,5 +1,6 @@
 """Small reference models: plain ``nn.Module``s that know nothing about how they are parallelised."""
 
 from runner.models.cnn import MnistCNN
+from runner.models.gpt import GPT
 
-__all__ = ["MnistCNN"]
+__all__ = ["GPT", "MnistCNN"]

@@ -1,0 +1,196 @@
+"""A small GPT (decoder-only transformer) in the style of GPT-2 and nanoGPT.
+
+Token and position embeddings, ``n_layer`` pre-norm blocks (causal self-attention through torch's
+``scaled_dot_product_attention``, then a GELU MLP), a final LayerNorm and a language-model head that
+shares its weight with the token embedding. Each :class:`Block` is a natural FSDP shard unit
+(``parallel.shard_modules=[Block]``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head self-attention in which each position attends to itself and earlier positions only."""
+
+    def __init__(self, *, n_embd: int, n_head: int, dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.dropout = dropout
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, time, channels = x.shape
+        q, k, v = self.qkv(x).split(channels, dim=2)
+        heads = (batch, time, self.n_head, channels // self.n_head)
+        q, k, v = (t.view(heads).transpose(1, 2) for t in (q, k, v))  # (batch, head, time, head size)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(batch, time, channels)
+        return self.resid_dropout(self.proj(y))
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward layer: widen 4x, GELU, project back."""
+
+    def __init__(self, *, n_embd: int, dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
+        self.proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
+
+    def __init__(self, *, n_embd: int, n_head: int, dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
+        self.attn = CausalSelfAttention(n_embd=n_embd, n_head=n_head, dropout=dropout, bias=bias)
+        self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
+        self.mlp = MLP(n_embd=n_embd, dropout=dropout, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """A decoder-only transformer language model.
+
+    Args:
+        vocab_size: Number of token ids (for a character model, the corpus's distinct characters).
+        block_size: Longest context the model reads (its position embeddings).
+        n_layer: Transformer blocks.
+        n_head: Attention heads per block; must divide ``n_embd``.
+        n_embd: Width of the residual stream.
+        dropout: Dropout on embeddings, attention weights and residual branches (0 to turn it off).
+        bias: Biases in the linear layers and LayerNorms.
+
+    Example:
+        >>> model = GPT(vocab_size=65, block_size=64, n_layer=2, n_head=2, n_embd=64)
+        >>> logits, loss = model(idx, targets)  # idx, targets: (batch, time) int64
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        *,
+        block_size: int = 128,
+        n_layer: int = 4,
+        n_head: int = 4,
+        n_embd: int = 128,
+        dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if n_embd % n_head:
+            raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}.")
+        self.vocab_size, self.block_size = vocab_size, block_size
+        self.n_layer, self.n_head, self.n_embd = n_layer, n_head, n_embd
+        self.token_embedding = nn.Embedding(vocab_size, n_embd)
+        self.position_embedding = nn.Embedding(block_size, n_embd)
+        self.dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            Block(n_embd=n_embd, n_head=n_head, dropout=dropout, bias=bias) for _ in range(n_layer)
+        )
+        self.ln_f = nn.LayerNorm(n_embd, bias=bias)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.lm_head.weight = self.token_embedding.weight  # tied: one matrix reads and writes tokens
+        self.apply(self._init_weights)
+        # GPT-2: each residual branch's output projection is scaled down by sqrt(2 * n_layer), so the
+        # residual stream's variance at init does not grow with depth (two branches per block).
+        for name, parameter in self.named_parameters():
+            if name.endswith("attn.proj.weight") or name.endswith("mlp.proj.weight"):
+                nn.init.normal_(parameter, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``(batch, time, vocab_size)`` for token ids ``idx`` ``(batch, time)``.
+
+        With ``targets`` (the next token at each position, same shape as ``idx``) returns
+        ``(logits, loss)``, the loss being the mean cross-entropy over every position.
+        """
+        time = idx.shape[1]
+        if time > self.block_size:
+            raise ValueError(f"A sequence of {time} tokens is longer than the model's block_size={self.block_size}.")
+        positions = torch.arange(time, device=idx.device)
+        x = self.dropout(self.token_embedding(idx) + self.position_embedding(positions))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        if targets is None:
+            return logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Continue ``idx`` ``(batch, time)`` by ``max_new_tokens`` sampled tokens; returns the whole sequence.
+
+        Each step reads the last ``block_size`` tokens. ``temperature`` divides the logits (lower is
+        more conservative); ``top_k`` keeps only the k likeliest tokens; ``generator`` makes the draws
+        reproducible. Call it in eval mode for dropout-free samples.
+        """
+        if temperature <= 0:
+            raise ValueError(f"temperature={temperature} must be positive.")
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.block_size :])[:, -1, :].float() / temperature
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            probabilities = F.softmax(logits, dim=-1)
+            if generator is not None:  # draw where the generator lives: the same samples on any device
+                probabilities = probabilities.to(generator.device)
+            following = torch.multinomial(probabilities, 1, generator=generator)
+            idx = torch.cat((idx, following.to(idx.device)), dim=1)
+        return idx
+
+    def num_parameters(self, *, embeddings: bool = False) -> int:
+        """Parameters, the tied embedding counted once; without the position embedding unless ``embeddings``.
+
+        The token embedding stays in: as the LM head it does a matmul per token (position lookups do not).
+        """
+        total = sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+        return total if embeddings else total - self.position_embedding.weight.numel()
+
+    def flops_per_token(self, sequence_length: int | None = None) -> float:
+        """Training FLOPs per token (forward and backward), as in PaLM's appendix B and nanoGPT:
+
+            6 * N + 12 * L * H * Q * T
+
+        N: :meth:`num_parameters` (no position embedding); each parameter costs a multiply-add in the
+        forward and two in the backward. L layers, H heads, Q head size, T the sequence length
+        (``block_size`` unless given): attention scores and their weighted sum, forward and backward,
+        counted over the full (not causally halved) T x T matrix.
+        """
+        length = self.block_size if sequence_length is None else sequence_length
+        head_size = self.n_embd // self.n_head
+        return 6 * self.num_parameters() + 12 * self.n_layer * self.n_head * head_size * length
