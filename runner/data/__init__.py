@@ -10,15 +10,39 @@ from pathlib import Path
 
 from runner.data.splits import SplitSpec, parse_split
 
-__all__ = ["SplitSpec", "build_dataset", "check_splits", "download_missing", "missing_files", "parse_split"]
+__all__ = [
+    "DATASETS",
+    "TEXT_DATASETS",
+    "SplitSpec",
+    "build_dataset",
+    "check_splits",
+    "download_missing",
+    "missing_files",
+    "parse_split",
+]
 
-DATASETS = ("mnist",)
+TEXT_DATASETS = ("shakespeare_char",)  # character-level corpora, for the language_model recipe
+DATASETS = ("mnist", *TEXT_DATASETS)
+
+
+def _unknown(name: str) -> ValueError:
+    return ValueError(f"data.name={name!r} is not a known dataset; use one of {', '.join(DATASETS)}.")
 
 
 def check_splits(name: str, splits: list[str]) -> None:
     """Raise ValueError for a split ``name`` does not have, or a slice that selects nothing."""
+    if name in TEXT_DATASETS:
+        from runner.data.text_files import TEXT_SPLITS
+
+        for split in splits:
+            spec = parse_split(split)
+            if spec.name not in TEXT_SPLITS:
+                raise ValueError(
+                    f"{name} has no split {spec.name!r} ({split!r}); use 'train' or 'val' with an optional slice."
+                )
+        return
     if name != "mnist":
-        raise ValueError(f"data.name={name!r} is not a known dataset; use one of {', '.join(DATASETS)}.")
+        raise _unknown(name)
     from runner.data.mnist_files import MNIST_SIZES
 
     for split in splits:
@@ -33,6 +57,10 @@ def check_splits(name: str, splits: list[str]) -> None:
 
 def missing_files(name: str, *, root: str, splits: list[str]) -> list[str]:
     """The files ``name`` needs for ``splits`` that are not under ``root``."""
+    if name in TEXT_DATASETS:
+        from runner.data.text_files import SHAKESPEARE_FILE, find_corpus
+
+        return [] if find_corpus(root) is not None else [SHAKESPEARE_FILE]
     if name == "mnist":
         from runner.data.mnist_files import MNIST_FILES, find_mnist_file
 
@@ -42,7 +70,7 @@ def missing_files(name: str, *, root: str, splits: list[str]) -> list[str]:
             raise ValueError(f"MNIST has no split {unknown[0]!r}; use 'train' or 'test' (with an optional slice).")
         wanted = [file for name in names for file in MNIST_FILES[name]]
         return [file for file in wanted if find_mnist_file(Path(root), file) is None]
-    raise ValueError(f"data.name={name!r} is not a known dataset; use one of {', '.join(DATASETS)}.")
+    raise _unknown(name)
 
 
 def download_missing(name: str, *, root: str, splits: list[str]) -> list[Path]:
@@ -51,19 +79,30 @@ def download_missing(name: str, *, root: str, splits: list[str]) -> list[Path]:
     Raises:
         DownloadError: No mirror delivered a file with its published checksum.
     """
-    if name != "mnist":
-        raise ValueError(f"data.name={name!r} is not a known dataset; use one of {', '.join(DATASETS)}.")
-    from runner.data.mnist_files import download_mnist
-
+    if name not in DATASETS:
+        raise _unknown(name)
     if not missing_files(name, root=root, splits=splits):
         return []
+    if name in TEXT_DATASETS:
+        from runner.data.text_files import download_shakespeare
+
+        return download_shakespeare(root)
+    from runner.data.mnist_files import download_mnist
+
     return download_mnist(root, tuple(dict.fromkeys(parse_split(s).name for s in splits)))
 
 
-def build_dataset(name: str, *, root: str, split: str, download: bool = False):
-    """The dataset ``name`` restricted to ``split`` (e.g. ``"test[:8000]"``)."""
+def build_dataset(name: str, *, root: str, split: str, download: bool = False, **options):
+    """The dataset ``name`` restricted to ``split`` (e.g. ``"test[:8000]"``).
+
+    Text datasets take ``block_size`` (characters per window) and ``val_fraction`` as ``options``.
+    """
     if name == "mnist":
         from runner.data.mnist import MNIST
 
-        return MNIST(root, split=split, download=download)
-    raise ValueError(f"data.name={name!r} is not a known dataset; use one of {', '.join(DATASETS)}.")
+        return MNIST(root, split=split, download=download, **options)
+    if name in TEXT_DATASETS:
+        from runner.data.text import build_char_dataset
+
+        return build_char_dataset(root, split=split, download=download, **options)
+    raise _unknown(name)

@@ -1,0 +1,194 @@
+"""Character-level language modelling data: a corpus's vocabulary, and windows of it to predict.
+
+The vocabulary is every distinct character of the whole corpus, sorted (so both splits encode with
+it, and the same text always gives the same ids). The first ``1 - val_fraction`` of the characters
+are the ``train`` split, the rest ``val``.
+
+- ``train``: one window per offset, item ``i`` starting at character ``i``. The recipe's shuffled
+  sampler draws from them: random windows, seeded and new each epoch, identical on any number of
+  processes, and resumable at any sample because item ``i`` is a pure function of ``i``.
+- ``val``: consecutive non-overlapping windows, so an evaluation reads every character of the split
+  once (but the last few that do not fill a window).
+
+A window holds ``block_size + 1`` characters; an item is ``(inputs, targets)``, the targets being the
+inputs shifted by one. Split names take slices of the items, e.g. ``val[:200]`` (the first 200
+windows) or ``train[:50%]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from runner.data.download import DataFileError
+from runner.data.splits import parse_split
+from runner.data.text_files import SHAKESPEARE_FILE, TEXT_SPLITS, download_shakespeare, find_corpus
+
+VOCAB_FILE = "vocab.json"
+
+
+class CharVocab:
+    """Characters <-> token ids: id ``i`` is ``chars[i]``.
+
+    Args:
+        chars: Distinct single characters, in id order.
+    """
+
+    def __init__(self, chars: Sequence[str]) -> None:
+        chars = list(chars)
+        if not chars or any(len(c) != 1 for c in chars) or len(set(chars)) != len(chars):
+            raise ValueError("A vocabulary needs distinct single characters (and at least one).")
+        self.chars = chars
+        self._ids = {c: i for i, c in enumerate(chars)}
+
+    @classmethod
+    def from_text(cls, text: str) -> CharVocab:
+        """Every distinct character of ``text``, sorted by code point."""
+        return cls(sorted(set(text)))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> CharVocab:
+        return cls(json.loads(Path(path).read_text(encoding="utf-8"))["chars"])
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write ``{"chars": [...]}`` as JSON, atomically."""
+        path = Path(path)
+        partial = path.with_name(path.name + ".tmp")
+        partial.write_text(json.dumps({"chars": self.chars}, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(partial, path)
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CharVocab) and self.chars == other.chars
+
+    def encode(self, text: str) -> torch.Tensor:
+        """Token ids of ``text`` (uint8 when the vocabulary fits in a byte, int32 otherwise).
+
+        Raises:
+            ValueError: ``text`` holds a character the vocabulary lacks.
+        """
+        unknown = set(text) - self._ids.keys()
+        if unknown:
+            raise ValueError(f"The character {min(unknown)!r} is not in the vocabulary of {len(self)} characters.")
+        if len(self) <= 256:  # str.translate then latin-1: one pass in C, even for a large corpus
+            table = {ord(c): i for c, i in self._ids.items()}
+            return torch.frombuffer(bytearray(text.translate(table).encode("latin-1")), dtype=torch.uint8)
+        return torch.tensor([self._ids[c] for c in text], dtype=torch.int32)
+
+    def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        return "".join(self.chars[i] for i in ids)
+
+
+def read_corpus(path: str | os.PathLike) -> str:
+    """The text of ``path`` (UTF-8).
+
+    Raises:
+        DataFileError: The file cannot be read, is not UTF-8 text, or is empty.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise DataFileError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}); convert it.") from None
+    except OSError as error:
+        raise DataFileError(f"{path} cannot be read ({error.strerror}); check the file.") from None
+    if not text:
+        raise DataFileError(f"{path} is empty; point data.root at a folder whose {SHAKESPEARE_FILE} holds text.")
+    return text
+
+
+class CharWindows(Dataset):
+    """Windows of ``block_size + 1`` token ids, as ``(inputs, targets)`` pairs of ``block_size`` int64 ids.
+
+    Args:
+        tokens: The split's token ids.
+        block_size: Characters the model reads per window.
+        stride: Characters between the starts of consecutive items (1: every offset).
+        vocab: The corpus's vocabulary (kept for the recipe: model size, ``vocab.json``).
+        split: The split this is (``train``, ``val[:200]``, ...), for messages.
+    """
+
+    def __init__(
+        self, tokens: torch.Tensor, *, block_size: int, stride: int, vocab: CharVocab, split: str = ""
+    ) -> None:
+        if block_size < 1 or stride < 1:
+            raise ValueError(f"block_size={block_size} and stride={stride} must be at least 1.")
+        self.tokens = tokens
+        self.block_size = block_size
+        self.stride = stride
+        self.vocab = vocab
+        self.split = split
+        self.starts = range(0, max(len(tokens) - block_size, 0), stride)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def select(self, positions: range) -> CharWindows:
+        """The items at ``positions`` (a slice of this dataset's items)."""
+        subset = CharWindows(
+            self.tokens, block_size=self.block_size, stride=self.stride, vocab=self.vocab, split=self.split
+        )
+        subset.starts = self.starts[positions.start : positions.stop : positions.step]
+        return subset
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = self.starts[index]
+        window = self.tokens[start : start + self.block_size + 1].long()
+        return window[:-1], window[1:]
+
+
+def split_tokens(tokens: torch.Tensor, val_fraction: float) -> dict[str, torch.Tensor]:
+    """``train``: the first ``1 - val_fraction`` of the tokens (rounded down); ``val``: the rest."""
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction={val_fraction} must be between 0 and 1.")
+    boundary = int(len(tokens) * (1 - val_fraction))
+    return {"train": tokens[:boundary], "val": tokens[boundary:]}
+
+
+def build_char_dataset(
+    root: str | os.PathLike, *, split: str, block_size: int, val_fraction: float = 0.1, download: bool = False
+) -> CharWindows:
+    """The windows of ``split`` (``train`` or ``val``, with an optional slice) of the corpus in ``root``.
+
+    Raises:
+        FileNotFoundError: The corpus is missing and ``download`` is off.
+        DataFileError: The corpus cannot be read as text.
+        ValueError: An unknown split, or one that holds no window of ``block_size + 1`` characters.
+    """
+    spec = parse_split(split)
+    if spec.name not in TEXT_SPLITS:
+        raise ValueError(f"A text corpus has no split {spec.name!r}; use 'train' or 'val' with an optional slice.")
+    path = find_corpus(root)
+    if path is None and download:
+        download_shakespeare(root)
+        path = find_corpus(root)
+    if path is None:
+        raise FileNotFoundError(
+            f"{SHAKESPEARE_FILE} is not in {root}; set data.root to the folder that holds it, or data.download=true "
+            "to fetch tiny-shakespeare."
+        )
+    text = read_corpus(path)
+    vocab = CharVocab.from_text(text)
+    tokens = split_tokens(vocab.encode(text), val_fraction)[spec.name]
+    stride = 1 if spec.name == "train" else block_size
+    windows = CharWindows(tokens, block_size=block_size, stride=stride, vocab=vocab, split=split)
+    selected = windows.select(spec.indices(len(windows)))
+    if len(selected) == 0:
+        raise ValueError(
+            f"Split {split!r} holds no window of {block_size + 1} characters (the {spec.name} split has "
+            f"{len(tokens)} characters, {len(windows)} windows); widen the slice, lower model.block_size or change "
+            "data.val_fraction."
+        )
+    return selected
