@@ -61,6 +61,8 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float:
             cfg.data.name, root=cfg.data.root, split=cfg.data.eval_split, download=cfg.data.download
         )
     model = instantiate(cfg.model)
+    if cfg.trainer.compile:
+        model.compile()  # in place, before prepare: parameter names and checkpoints stay the plain model's
     optimizer = build_optimizer(cfg.optimizer, model.parameters())
     shuffle = torch.Generator().manual_seed(cfg.seed)  # the prepared loader shuffles from its seed
     train_loader = DataLoader(

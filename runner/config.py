@@ -22,7 +22,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 STRATEGIES = ("none", "ddp", "fsdp")
 TRACKERS = ("tensorboard", "none")
-RECIPES = {"classification": "recipes.classification"}
+RECIPES = {"classification": "recipes.classification", "language_model": "recipes.language_model"}
 
 
 class ConfigError(ValueError):
@@ -47,6 +47,7 @@ class TrainerConfig:
     checkpoint_every_n_steps: int | None = None  # null: at the end of each epoch
     cpu: bool = False
     progress_bar: bool = True
+    compile: bool = False  # torch.compile the model
 
 
 @dataclass
@@ -59,6 +60,8 @@ class DataConfig:
     batch_size: int = 64
     eval_batch_size: int = 256
     num_workers: int = 0
+    val_fraction: float = 0.1  # text datasets: the last tenth of the characters is the val split
+    samples_per_epoch: int | None = None  # text datasets: train windows per epoch (null: one per offset)
 
 
 @dataclass
@@ -81,6 +84,18 @@ class MnistCNNConfig:
     channels: int = 32
     hidden: int = 128
     dropout: float = 0.25
+
+
+@dataclass
+class GPTConfig:
+    _target_: str = "runner.models.GPT"
+    block_size: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = True
+    # vocab_size is not a key: the recipe passes the dataset's vocabulary size when it builds the model.
 
 
 @dataclass
@@ -158,7 +173,7 @@ class RunnerConfig:
 
 
 OPTION_SCHEMAS: dict[str, dict[str, type]] = {
-    "model": {"mnist_cnn": MnistCNNConfig},
+    "model": {"mnist_cnn": MnistCNNConfig, "gpt": GPTConfig},
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
     "scheduler": {"cosine": WarmupCosineConfig, "constant": ConstantScheduleConfig},
     "parallel": {"none": NoParallelConfig, "ddp": DDPConfig, "fsdp": FSDPConfig},
@@ -228,6 +243,9 @@ def validate(cfg: DictConfig) -> None:
     _at_least(cfg, "data.num_workers", 0)
     check_split("data.train_split", cfg.data.train_split)
     check_split("data.eval_split", cfg.data.eval_split)
+    if not 0 < cfg.data.val_fraction < 1:
+        raise ConfigError(f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1 (exclusive), e.g. 0.1.")
+    _at_least(cfg, "data.samples_per_epoch", 1, optional=True)
     _at_least(cfg, "project.total_limit", 1, optional=True)
     _choice(cfg, "tracker.name", TRACKERS)
     _choice(cfg, "parallel.strategy", STRATEGIES)
@@ -249,6 +267,44 @@ def validate(cfg: DictConfig) -> None:
             "nodes write one run."
         )
     recipe_module(cfg.recipe)
+    _check_recipe_fits(cfg)
+
+
+def _check_recipe_fits(cfg: DictConfig) -> None:
+    """The built-in recipes' needs: a dataset of their kind, and for the language model a context length."""
+    from runner.data import TEXT_DATASETS
+
+    name = cfg.data.name
+    if cfg.recipe == "language_model" and name not in TEXT_DATASETS:
+        raise ConfigError(
+            f"recipe=language_model needs a text dataset, not data.name={name!r}; use data=shakespeare_char "
+            "(or experiment=shakespeare_gpt)."
+        )
+    if cfg.recipe == "language_model" and OmegaConf.select(cfg, "model.block_size") is None:
+        raise ConfigError("recipe=language_model needs a model with a block_size; use model=gpt.")
+    if cfg.data.samples_per_epoch is not None and name not in TEXT_DATASETS:
+        raise ConfigError(
+            f"data.samples_per_epoch applies to text datasets, not data.name={name!r}; leave it null (an epoch is "
+            "one pass over the split)."
+        )
+    if cfg.recipe == "classification" and name in TEXT_DATASETS:
+        raise ConfigError(
+            f"recipe=classification cannot train on the text dataset {name!r}; use recipe=language_model "
+            "(or experiment=shakespeare_gpt)."
+        )
+    gpt = OmegaConf.select(cfg, "model._target_") == GPTConfig._target_
+    if cfg.recipe == "classification" and gpt:
+        raise ConfigError("recipe=classification cannot train model=gpt, a language model; use recipe=language_model.")
+    if gpt:
+        _at_least(cfg, "model.block_size", 1)
+        _at_least(cfg, "model.n_layer", 1)
+        _at_least(cfg, "model.n_head", 1)
+        if cfg.model.n_embd < 1 or cfg.model.n_embd % cfg.model.n_head:
+            raise ConfigError(
+                f"model.n_embd={cfg.model.n_embd} must be a positive multiple of model.n_head={cfg.model.n_head}."
+            )
+        if not 0 <= cfg.model.dropout < 1:
+            raise ConfigError(f"model.dropout={cfg.model.dropout} must be at least 0 and below 1.")
 
 
 def recipe_module(recipe: str) -> str:

@@ -149,3 +149,30 @@ def write_metrics(path: str | os.PathLike, metrics: dict[str, Any]) -> None:
     partial = path.with_name(path.name + ".tmp")
     partial.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     os.replace(partial, path)
+
+
+# Dense bf16 tensor-core peaks (FLOP/s) by GPU name, most specific first: the denominator of MFU.
+PEAK_BF16_FLOPS = (
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),  # SXM
+    ("A100", 312e12),
+)
+
+
+def peak_bf16_flops(device) -> float | None:
+    """The GPU's peak dense bf16 FLOP/s from :data:`PEAK_BF16_FLOPS`; None on the CPU or an unlisted GPU."""
+    if getattr(device, "type", device) != "cuda":
+        return None
+    import torch
+
+    name = torch.cuda.get_device_name(device)
+    return next((peak for model, peak in PEAK_BF16_FLOPS if model in name), None)
+
+
+def model_flops_utilization(
+    tokens_per_second: float, *, flops_per_token: float, peak_flops: float, devices: int
+) -> float:
+    """The fraction of ``devices`` GPUs' peak that ``tokens_per_second`` (all devices together) amounts to."""
+    return tokens_per_second * flops_per_token / (peak_flops * devices)

@@ -1,0 +1,129 @@
+"""``python -m runner experiment=shakespeare_gpt*`` end to end, on tiny models and the real corpus."""
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader
+
+from runner.data.text import CharVocab, build_char_dataset, read_corpus
+from runner.engine import load_checkpoint_in_model
+from runner.models import GPT
+from tests.e2e.conftest import REPO, metrics, run_cli
+
+SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare"
+TINY = {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32}
+EVAL_WINDOWS = 64
+
+pytestmark = pytest.mark.skipif(not SHAKESPEARE.is_dir(), reason=f"tiny-shakespeare is not at {SHAKESPEARE}")
+
+
+def lm_args(experiment: str = "shakespeare_gpt") -> list[str]:
+    """A tiny GPT on the real corpus, evaluated on the first windows of the val split."""
+    return [
+        f"experiment={experiment}", f"data.root={SHAKESPEARE}", "data.batch_size=16",
+        f'data.eval_split="val[:{EVAL_WINDOWS}]"', "data.eval_batch_size=24", "trainer.log_every_n_steps=5",
+        "optimizer.lr=3e-3", "scheduler.warmup_steps=2", *(f"model.{key}={value}" for key, value in TINY.items()),
+    ]  # fmt: skip
+
+
+def final_model(run_dir) -> GPT:
+    model = GPT(65, **TINY)
+    load_checkpoint_in_model(model, run_dir / "model", strict=True)  # the final model, into a plain GPT
+    return model.eval()
+
+
+def eval_loss(model: GPT) -> float:
+    """The eval split's mean loss per character, computed here in one process."""
+    windows = build_char_dataset(SHAKESPEARE, split=f"val[:{EVAL_WINDOWS}]", block_size=TINY["block_size"])
+    inputs, targets = next(iter(DataLoader(windows, batch_size=EVAL_WINDOWS)))
+    with torch.no_grad():
+        return model(inputs, targets)[1].item()
+
+
+def test_shakespeare_gpt_learns_samples_and_keeps_its_vocabulary(tmp_path):
+    run = tmp_path / "run"
+    result = run_cli(
+        *lm_args(), "trainer.max_steps=30", "trainer.eval_every_n_steps=15", "trainer.checkpoint_every_n_steps=15",
+        f"hydra.run.dir={run}", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = metrics(run)
+    assert set(summary) == {"eval/loss", "eval/perplexity", "train/loss", "step", "epoch"}
+    assert summary["step"] == 30 and summary["epoch"] == 0
+    assert summary["eval/loss"] < 3.6, summary  # it learned: uniform guessing is ln 65 = 4.17
+    assert summary["eval/perplexity"] == pytest.approx(math.exp(summary["eval/loss"]))
+    model = final_model(run)
+    assert eval_loss(model) == pytest.approx(summary["eval/loss"], abs=1e-5)  # every eval window exactly once
+
+    vocab = CharVocab.from_text(read_corpus(SHAKESPEARE / "input.txt"))
+    assert CharVocab.load(run / "model" / "vocab.json") == vocab and len(vocab) == 65
+    for checkpoint in ("checkpoint_0", "checkpoint_1"):
+        assert CharVocab.load(run / "checkpoints" / checkpoint / "vocab.json") == vocab
+        manifest = json.loads((run / "checkpoints" / checkpoint / "manifest.json").read_text())
+        assert "vocab.json" in manifest["files"]  # covered by the checkpoint's checksums
+    samples = (run / "samples.txt").read_text(encoding="utf-8").rstrip("\n").split("\n\n---\n\n")
+    assert [len(sample) for sample in samples] == [300, 300, 300]
+    assert set("".join(samples)) <= set(vocab.chars) and len(set(samples)) == 3
+
+    log = (run / "run.log").read_text()
+    assert "GPT with 0.01M parameters, vocabulary of 65 characters" in log
+    assert "train/tokens_per_second" in log and "train/mfu" not in log  # MFU only on GPUs
+    assert "step 30/30 | eval/loss" in log
+
+
+def test_resumed_language_model_matches_an_uninterrupted_run_bit_for_bit(tmp_path):
+    constant = [
+        "scheduler.warmup_steps=0",
+        "scheduler.min_lr_ratio=1.0",
+    ]  # the cosine, flat: max_steps does not shape it
+    common = [*lm_args(), *constant, "model.dropout=0.1", "trainer.checkpoint_every_n_steps=4"]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    done = run_cli(*common, "trainer.max_steps=12", f"hydra.run.dir={full}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert run_cli(*common, "trainer.max_steps=6", f"hydra.run.dir={cut}", cwd=tmp_path).returncode == 0
+    resumed = run_cli(f"resume={cut}/checkpoints/checkpoint_0", "trainer.max_steps=12", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resumed at step 4" in (cut / "run.log").read_text()
+
+    assert metrics(cut) == metrics(full)  # eval loss, perplexity and the logged train loss
+    expected, got = load_file(full / "model" / "model.safetensors"), load_file(cut / "model" / "model.safetensors")
+    assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
+    assert (cut / "samples.txt").read_text() == (full / "samples.txt").read_text()
+
+
+def test_changed_corpus_is_refused_on_resume(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "input.txt").write_text("to be or not to be, that is the question\n" * 60)
+    run = tmp_path / "run"
+    args = [*lm_args(), f"data.root={corpus}", 'data.eval_split="val[:4]"', "trainer.max_steps=2"]
+    assert run_cli(*args, f"hydra.run.dir={run}", cwd=tmp_path).returncode == 0
+    (corpus / "input.txt").write_text("TO BE OR NOT TO BE, THAT IS THE QUESTION\n" * 60)
+    result = run_cli(f"resume={run}", "trainer.max_steps=4", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"runner: error: {run}/checkpoints/checkpoint_0/vocab.json differs from the vocabulary of the corpus in "
+        f"{corpus}; resume with the text the run was trained on."
+    )
+
+
+@pytest.mark.parametrize("experiment", ["shakespeare_gpt_ddp", "shakespeare_gpt_fsdp"])
+def test_two_process_language_models_learn_and_evaluate_every_window(tmp_path, experiment):
+    run = tmp_path / "run"
+    result = run_cli(*lm_args(experiment), "trainer.max_steps=10", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = metrics(run)
+    assert summary["step"] == 10 and math.isfinite(summary["eval/loss"])
+    assert summary["eval/loss"] < math.log(65), summary
+    # 64 windows over 2 ranks in batches of 24: the padding of the last batch is dropped again.
+    assert eval_loss(final_model(run)) == pytest.approx(summary["eval/loss"], abs=1e-5)
+    manifest = json.loads((run / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())
+    assert manifest["world_size"] == 2 and "vocab.json" in manifest["files"]
+    if experiment.endswith("fsdp"):  # sharded checkpoints, the tied embedding included, load again
+        assert {"model/__0_0.distcp", "model/__1_0.distcp"} <= set(manifest["files"])
+        resumed = run_cli(f"resume={run}", "trainer.max_steps=12", cwd=tmp_path)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert metrics(run)["step"] == 12 and "Resumed at step 10" in (run / "run.log").read_text()

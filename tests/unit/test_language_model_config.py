@@ -1,0 +1,79 @@
+"""The language model's config: its experiments compose as documented, and bad values get one sentence."""
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from runner.app import CONF_DIR, check_overrides
+from runner.config import ConfigError, register_configs
+
+register_configs()
+
+
+def composed(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize(
+    ("experiment", "processes", "strategy"),
+    [("shakespeare_gpt", 1, "none"), ("shakespeare_gpt_ddp", 2, "ddp"), ("shakespeare_gpt_fsdp", 2, "fsdp")],
+)
+def test_shakespeare_experiments(experiment, processes, strategy):
+    cfg = composed(f"experiment={experiment}")
+    assert (cfg.recipe, cfg.data.name, cfg.model._target_) == (
+        "language_model",
+        "shakespeare_char",
+        "runner.models.GPT",
+    )
+    assert (cfg.trainer.num_processes, cfg.parallel.strategy) == (processes, strategy)
+    assert cfg.trainer.compile is False and "vocab_size" not in cfg.model  # the dataset supplies it
+    if strategy == "fsdp":
+        assert list(cfg.parallel.shard_modules) == ["Block"]
+
+
+def test_the_two_process_experiments_see_as_many_windows_as_the_single_one():
+    single, ddp = composed("experiment=shakespeare_gpt"), composed("experiment=shakespeare_gpt_ddp")
+    assert single.trainer.max_steps * single.data.batch_size == 2 * ddp.trainer.max_steps * ddp.data.batch_size
+
+
+def test_trainer_compile_defaults_off_and_mnist_configs_stay_valid():
+    cfg = composed("trainer.compile=true")
+    assert cfg.trainer.compile is True and (cfg.data.val_fraction, cfg.data.samples_per_epoch) == (0.1, None)
+    check_overrides(["experiment=shakespeare_gpt", "data.download=true", "data.samples_per_epoch=1000"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["experiment=shakespeare_gpt", "data.val_fraction=1.5"], "data.val_fraction=1.5 must be between 0 and 1"),
+        (["experiment=shakespeare_gpt", "data.val_fraction=0"], "data.val_fraction=0.0 must be between 0 and 1"),
+        (["experiment=shakespeare_gpt", "data.samples_per_epoch=0"], "data.samples_per_epoch=0 must be at least 1"),
+        (
+            ["experiment=shakespeare_gpt", "model.n_embd=100", "model.n_head=3"],
+            "model.n_embd=100 must be a positive multiple of model.n_head=3.",
+        ),
+        (["experiment=shakespeare_gpt", "model.block_size=0"], "model.block_size=0 must be at least 1."),
+        (["experiment=shakespeare_gpt", "model.dropout=1.0"], "model.dropout=1.0 must be at least 0 and below 1."),
+        (["experiment=shakespeare_gpt", "model.vocab_size=10"], "model.vocab_size is not a key of 'model'"),
+        (
+            ["experiment=shakespeare_gpt", "data.download=false", "data.root=/nowhere"],
+            "shakespeare_char files input.txt are not in /nowhere; set data.root to the folder that holds them",
+        ),
+        (
+            ["experiment=shakespeare_gpt", 'data.eval_split="test"'],
+            "shakespeare_char has no split 'test' ('test'); use 'train' or 'val' with an optional slice.",
+        ),
+        (["recipe=language_model"], "recipe=language_model needs a text dataset, not data.name='mnist'; use data="),
+        (
+            ["recipe=language_model", "data=shakespeare_char"],
+            "recipe=language_model needs a model with a block_size; use model=gpt.",
+        ),
+        (["data=shakespeare_char"], "recipe=classification cannot train on the text dataset 'shakespeare_char'"),
+        (["model=gpt"], "recipe=classification cannot train model=gpt, a language model; use recipe=language_model."),
+        (["data.samples_per_epoch=100"], "data.samples_per_epoch applies to text datasets, not data.name='mnist'"),
+    ],
+)
+def test_bad_language_model_settings_get_one_sentence(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        check_overrides(overrides)
+    assert message in str(info.value) and "\n" not in str(info.value)
