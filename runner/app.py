@@ -153,7 +153,7 @@ def main(cfg: DictConfig) -> float | None:
     except ConfigError as error:
         _fail(job, USAGE_ERROR, str(error))
     except preemption.Preempted as stop:
-        message = _stopped(stop, str(project_dir))
+        message = _stopped(stop, str(project_dir), sweep=job is not None)
         if job is not None:
             job.stop(message)  # the whole sweep stops: the scheduler wants the machine back
         print(f"runner: {message}", file=sys.stderr)
@@ -181,15 +181,16 @@ def _fail(job, code: int, message: str) -> NoReturn:
     raise JobFailed(message) from None
 
 
-def _stopped(stop, project_dir: str) -> str:
+def _stopped(stop, project_dir: str, *, sweep: bool = False) -> str:
     """One sentence for a preempted run: what stopped it, what was saved, and how to continue."""
     from runner.engine.checkpoint import checkpoints_dir, newest_intact_checkpoint
 
     newest, _ = newest_intact_checkpoint(checkpoints_dir(project_dir))
     saved = f"{newest.name} is saved" if newest is not None else "no checkpoint was completed"
+    how = "run the same sweep command again" if sweep else f"`python -m runner resume={project_dir}`"
     return (
-        f"stopped by {stop.signal_name} at a step all processes agreed on; {saved}; continue with "
-        f"`python -m runner resume={project_dir}` (exit code {preemption.EXIT_CODE})."
+        f"stopped by {stop.signal_name} at a step all processes agreed on; {saved}; continue with {how} "
+        f"(exit code {preemption.EXIT_CODE})."
     )
 
 
@@ -284,11 +285,42 @@ def prepare_command_line(argv: list[str]) -> list[str]:
     if slurm.under_srun() and not args.multirun:
         given = dict(o.lstrip("+").split("=", 1) for o in overrides + extra if "=" in o)
         overrides += slurm.command_line(given)  # checked with the rest: they must make a valid config too
+    check_plugins(overrides)
     if not (args.config_path or args.config_dir):
         check_overrides(overrides, config_name=args.config_name or CONFIG_NAME)
     if _under_torchrun() and not args.multirun and not _sets(overrides, "hydra.run.dir") and not resume:
         extra += _torchrun_run_dir()
     return flags + overrides + extra
+
+
+# Options that need one of Hydra's plugins, which come with the project's extras.
+_PLUGINS = {
+    ("hydra/launcher", "joblib"): ("hydra_plugins.hydra_joblib_launcher", "joblib"),
+    ("hydra/launcher", "slurm"): ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+    ("hydra/sweeper", "optuna"): ("hydra_plugins.hydra_optuna_sweeper", "optuna"),
+    ("hparams_search", None): ("hydra_plugins.hydra_optuna_sweeper", "optuna"),
+}
+
+
+def check_plugins(overrides: list[str]) -> None:
+    """Raise ConfigError, with the pip command, for an option whose Hydra plugin is not installed."""
+    import importlib.util
+
+    for override in overrides:
+        group, _, option = override.lstrip("+~").partition("=")
+        needed = _PLUGINS.get((group, option)) or _PLUGINS.get((group, None))
+        if needed is None or option in ("", "null"):
+            continue
+        module, extra = needed
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise ConfigError(
+                f"{group}={option} needs a Hydra plugin that is not installed ({module}); install it with "
+                f"pip install -e '.[{extra}]'."
+            )
 
 
 def _resume_command_line(resume: str, overrides: list[str]) -> tuple[Path, list[str], list[str]]:

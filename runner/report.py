@@ -218,6 +218,9 @@ def _plot(path: Path, jobs: list[Job], keys: list[str]) -> None:
     figure, axes = plt.subplots(2, panels, figsize=(4.5 * panels, 7.5), squeeze=False)
     scored = [job for job in jobs if job.objective_value is not None]
     objective = next((job.objective for job in jobs if job.objective), "objective")
+    best = None
+    if scored:
+        best = (max if scored[0].direction == "maximize" else min)(scored, key=lambda job: job.objective_value)
     for axis, key in zip(axes[0], keys or [None], strict=True):
         if key is None:
             axis.set_axis_off()
@@ -225,14 +228,23 @@ def _plot(path: Path, jobs: list[Job], keys: list[str]) -> None:
         raw = [_columns(job, [key])[key] for job in scored]
         numbers = [_number(value) for value in raw]
         if raw and all(value is not None for value in numbers):
-            axis.scatter(numbers, [job.objective_value for job in scored])
+            positions = numbers
             positive = [v for v in numbers if v > 0]
-            if len(positive) == len(numbers) and max(positive) / min(positive) >= 100:
+            if len(positive) == len(numbers) and max(positive) / min(positive) >= 10:
                 axis.set_xscale("log")
+            if len(set(numbers)) <= 8:  # a grid's few values: label each one as it was given
+                values = sorted(set(numbers))
+                axis.set_xticks(values, [_fmt(raw[numbers.index(v)]) for v in values])
+                axis.minorticks_off()
         else:  # categorical values: one position each
             labels = sorted(set(raw), key=str)
-            axis.scatter([labels.index(v) for v in raw], [job.objective_value for job in scored])
+            positions = [labels.index(v) for v in raw]
             axis.set_xticks(range(len(labels)), [str(label) for label in labels])
+        axis.scatter(positions, [job.objective_value for job in scored])
+        if best is not None:
+            where = positions[scored.index(best)]
+            axis.scatter([where], [best.objective_value], marker="*", s=220, color="tab:red", label=f"job {best.name}")
+            axis.legend(fontsize="small")
         axis.set_xlabel(key)
         axis.set_ylabel(objective)
         axis.grid(alpha=0.3)

@@ -16,7 +16,8 @@ import yaml
 from runner.report import read_scalars
 from tests.e2e.conftest import metrics, mnist_args, run_cli
 
-TINY = [*mnist_args("test[:400]", "test[9900:]"), "trainer.max_steps=4", "trainer.log_every_n_steps=2"]
+SMALL = ["model.channels=8", "model.hidden=32"]  # steps cost little; the sweep machinery is what is tested
+TINY = [*mnist_args("test[:400]", "test[9900:]"), *SMALL, "trainer.max_steps=4", "trainer.log_every_n_steps=2"]
 
 
 def _rows(sweep: Path) -> list[dict]:
@@ -89,7 +90,7 @@ def test_a_2x2_grid_writes_one_summary_row_per_job_with_its_overrides(tmp_path):
 
 def test_a_killed_sweep_rerun_runs_only_the_rest_and_leaves_finished_jobs_untouched(tmp_path):
     sweep = tmp_path / "sweep"
-    command = ["-m", *mnist_args("test[:2000]", "test[9900:]"), "trainer.max_steps=150",
+    command = ["-m", *mnist_args("test[:2000]", "test[9900:]"), *SMALL, "trainer.max_steps=150",
                "trainer.checkpoint_every_n_steps=10", "trainer.log_every_n_steps=10", "optimizer.lr=1e-3,2e-3,3e-3",
                f"hydra.sweep.dir={sweep}"]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -184,3 +185,29 @@ def test_joblib_runs_ddp_jobs_at_once_within_a_thread_budget(tmp_path):
     spans = [(datetime.fromisoformat(job["started_at"]), datetime.fromisoformat(job["ended_at"])) for job in jobs]
     assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # the two jobs overlapped in time
     assert metrics(sweep / "0")["step"] == metrics(sweep / "1")["step"] == 4
+
+
+def test_a_stop_signal_stops_the_sweep_with_a_checkpoint_and_the_same_command_continues_it(tmp_path):
+    sweep = tmp_path / "sweep"
+    command = ["-m", *mnist_args("test[:2000]", "test[9900:]"), *SMALL, "trainer.max_steps=300",
+               "optimizer.lr=1e-3,3e-3", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-m", "runner", *command], cwd=tmp_path,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 180
+    while "Start-up" not in ((sweep / "1" / "run.log").read_text() if (sweep / "1" / "run.log").exists() else ""):
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "job 1 never started training"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 75, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].endswith("continue with run the same sweep command again (exit code 75).")
+    stopped = _job(sweep / "1")
+    assert stopped["status"] == "stopped" and stopped["error"].startswith("stopped by SIGTERM")
+
+    rerun = run_cli(*command, cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    resumed = _job(sweep / "1")
+    assert resumed["status"] == "finished" and resumed["resumed_from"].startswith("checkpoint_")
+    assert metrics(sweep / "1")["step"] == 300

@@ -1,0 +1,117 @@
+"""Sweep records, plans and reports, on folders written by hand."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from runner import report
+from runner.app import check_plugins
+from runner.config import ConfigError
+from runner.lock import RunLock, is_locked
+from runner.sweeps import contiguous, plan, swept_keys
+
+
+def _job(folder: Path, overrides: list[str], status: str, **extra) -> Path:
+    folder.mkdir(parents=True)
+    record = {"overrides": overrides, "status": status, "project_dir": str(folder), **extra}
+    (folder / "job.json").write_text(json.dumps(record))
+    return folder
+
+
+def test_swept_keys_are_the_keys_whose_values_differ():
+    jobs = [["data.root=x", "lr=1", "bs=8"], ["data.root=x", "lr=2", "bs=8"], ["data.root=x", "lr=1", "bs=16"]]
+    assert swept_keys(jobs) == ["lr", "bs"]
+    assert swept_keys([["data.root=x", "lr=1"]]) == ["data.root", "lr"]  # one job: everything it was given
+    assert swept_keys([["lr=1"], ["lr=1", "+extra=2"]]) == ["extra"]  # present in some jobs only
+    assert swept_keys([["lr=1", "hydra.sweep.dir=a"], ["lr=2", "hydra.sweep.dir=a"]]) == ["lr"]
+
+
+def test_contiguous_groups_keep_job_numbers():
+    assert contiguous([0, 1, 3, 4, 5, 7]) == [[0, 1], [3, 4, 5], [7]]
+    assert contiguous([]) == []
+
+
+def test_plan_skips_finished_jobs_reruns_the_rest_and_flags_another_sweeps_folder(tmp_path):
+    _job(tmp_path / "0", ["lr=1"], "finished")
+    _job(tmp_path / "1", ["lr=2"], "failed", error="boom")
+    _job(tmp_path / "2", ["lr=3"], "running")
+    jobs = [(tmp_path / str(i), [f"lr={i + 1}"]) for i in range(4)]
+    assert plan(jobs) == ([1, 2, 3], [])
+
+    hydra_only = tmp_path / "4" / ".hydra"  # killed before the runner wrote its record: Hydra's says who it was
+    hydra_only.mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(["lr=9"]), hydra_only / "overrides.yaml")
+    run, problems = plan([*jobs, (tmp_path / "4", ["lr=5"])])
+    assert run == [1, 2, 3] and problems == [f"{tmp_path / '4'} holds a job with overrides ['lr=9'], not ['lr=5']"]
+
+
+def test_report_lists_pending_grid_jobs_and_tells_interrupted_from_running(tmp_path):
+    OmegaConf.save(
+        OmegaConf.create({"hydra": {
+            "sweeper": {"_target_": "hydra_plugins.runner_sweeper.resumable.ResumableSweeper", "params": None},
+            "overrides": {"task": ["trainer.max_steps=5", "optimizer.lr=1e-3,3e-3", "data.batch_size=16,32"]},
+        }}),
+        tmp_path / "multirun.yaml",
+    )  # fmt: skip
+    grid = [["trainer.max_steps=5", f"optimizer.lr={lr}", f"data.batch_size={bs}"]
+            for lr in ("0.001", "0.003") for bs in ("16", "32")]  # fmt: skip
+    objective = {"name": "eval/accuracy", "direction": "maximize"}
+    done = _job(tmp_path / "0", grid[0], "finished", objective=objective, wall_time_s=12.5)
+    (done / "metrics.json").write_text(json.dumps({"eval/accuracy": 0.75, "step": 5}))
+    _job(tmp_path / "1", grid[1], "running", objective=objective)  # its process is gone: no lock held
+    live = _job(tmp_path / "2", grid[2], "running", objective=objective)
+    lock = RunLock(live).acquire()
+    try:
+        assert is_locked(live) and not is_locked(tmp_path / "1")
+        jobs = report.write_summary(tmp_path, plot=False)
+    finally:
+        lock.release()
+    assert [(job.name, job.status) for job in jobs] == [
+        ("0", "finished"), ("1", "interrupted"), ("2", "running"), ("3", "pending"),
+    ]  # fmt: skip
+    assert jobs[3].overrides == grid[3]
+    rows = (tmp_path / "summary.csv").read_text().splitlines()
+    assert rows[0].startswith("job,status,optimizer.lr,data.batch_size,objective,eval/accuracy,step,best_step")
+    assert rows[1].startswith("0,finished,0.001,16,eval/accuracy,0.75,5,,,12.5,")
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "1 finished, 1 interrupted, 1 running, 1 pending." in markdown
+    assert "Best: job 0 (optimizer.lr=0.001, data.batch_size=16), eval/accuracy 0.75." in markdown
+    assert not (tmp_path / "summary.png").exists()
+
+
+def test_report_command_refuses_a_folder_without_jobs_and_writes_nothing(tmp_path, capsys):
+    assert report.main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"runner.report: error: {tmp_path} holds no sweep jobs (no */job.json or */.hydra); pass a sweep folder.\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+    assert report.main([str(tmp_path / "missing")]) == 2
+
+
+def test_read_scalars_keeps_the_last_value_logged_for_a_step(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    for values in ([(1, 3.0), (2, 2.0), (3, 9.0)], [(3, 1.5), (4, 1.0)]):  # a run, then its resumed part
+        writer = SummaryWriter(str(tmp_path / "logs"))
+        for step, value in values:
+            writer.add_scalar("train/loss", value, step)
+        writer.close()
+    assert report.read_scalars(tmp_path / "logs") == {"train/loss": [(1, 3.0), (2, 2.0), (3, 1.5), (4, 1.0)]}
+    assert report.read_scalars(tmp_path / "nothing") == {}
+
+
+@pytest.mark.parametrize(
+    ("override", "extra"),
+    [("hydra/launcher=joblib", "joblib"), ("hydra/launcher=slurm", "slurm"), ("hparams_search=mnist_optuna", "optuna")],
+)
+def test_an_option_whose_plugin_is_missing_names_the_extra_to_install(monkeypatch, override, extra):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(ConfigError) as error:
+        check_plugins(["optimizer.lr=1e-3", override])
+    group, option = override.split("=")
+    assert str(error.value).startswith(f"{group}={option} needs a Hydra plugin that is not installed (hydra_plugins.")
+    assert str(error.value).endswith(f"install it with pip install -e '.[{extra}]'.")
+    check_plugins(["hparams_search=null", "hydra/launcher=basic"])  # nothing needed
