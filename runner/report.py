@@ -267,16 +267,21 @@ def _plot(path: Path, jobs: list[Job], keys: list[str]) -> None:
         curves.legend(fontsize="small")
     figure.suptitle(f"Sweep {path.parent.name}: {objective} per parameter, and every job's {LOSS}")
     figure.tight_layout()
-    partial = path.with_name(path.name + ".tmp")
+    partial = _partial(path)
     figure.savefig(partial, format="png", dpi=100)
     plt.close(figure)
     os.replace(partial, path)
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".tmp")
+    partial = _partial(path)
     partial.write_text(text)
     os.replace(partial, path)
+
+
+def _partial(path: Path) -> Path:
+    """A temporary name beside ``path``, this process's own: jobs running at once may all rewrite it."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
 def _is_number(value: Any) -> bool:
