@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-BENCHMARKS = ("overhead", "step", "startup", "checkpoint", "dataloader", "memory")
+BENCHMARKS = ("overhead", "step", "startup", "checkpoint", "dataloader", "memory", "tokens")
 
 
 def main() -> None:

@@ -20,13 +20,13 @@ if str(ROOT) not in sys.path:  # `python bench/x.py` from a checkout without an 
     sys.path.insert(0, str(ROOT))
 
 
-def arguments(doc: str, *, data: bool = False) -> argparse.Namespace:
-    """``--quick`` and ``--json`` for every benchmark; ``--data`` (the MNIST folder) where asked."""
+def arguments(doc: str, *, data: bool = False, dataset: str = "mnist") -> argparse.Namespace:
+    """``--quick`` and ``--json`` for every benchmark; ``--data`` (the ``dataset`` folder) where asked."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small version that runs in seconds (CI)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     if data:
-        parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "mnist"), help="MNIST IDX folder")
+        parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / dataset), help=f"{dataset} folder")
     return parser.parse_args()
 
 

@@ -15,7 +15,7 @@ def test_every_benchmark_runs_and_reports_its_ratios(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     reports = {path.stem: json.loads(path.read_text()) for path in tmp_path.glob("*.json")}
-    assert set(reports) == {"overhead", "step", "startup", "checkpoint", "dataloader", "memory"}
+    assert set(reports) == {"overhead", "step", "startup", "checkpoint", "dataloader", "memory", "tokens"}
     for name, report in reports.items():
         assert report["ratios"], name
         for label, ratio in report["ratios"].items():
