@@ -330,11 +330,14 @@ def recipe_module(recipe: str) -> str:
 
 def check_data(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` for splits the dataset lacks, or missing files with ``data.download`` off."""
-    from runner.data import check_splits, missing_files
+    from runner.data import TEXT_DATASETS, check_splits, missing_files
 
     splits = [cfg.data.train_split, cfg.data.eval_split]
+    windows = {}  # a text corpus already on disk: count its windows of the model's context length
+    if cfg.data.name in TEXT_DATASETS and OmegaConf.select(cfg, "model.block_size"):
+        windows = {"root": cfg.data.root, "block_size": cfg.model.block_size, "val_fraction": cfg.data.val_fraction}
     try:
-        check_splits(cfg.data.name, splits)
+        check_splits(cfg.data.name, splits, **windows)
     except ValueError as error:
         raise ConfigError(f"{error}".replace("Split ", "data split ", 1)) from None
     if cfg.data.download:

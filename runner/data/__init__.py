@@ -29,16 +29,33 @@ def _unknown(name: str) -> ValueError:
     return ValueError(f"data.name={name!r} is not a known dataset; use one of {', '.join(DATASETS)}.")
 
 
-def check_splits(name: str, splits: list[str]) -> None:
-    """Raise ValueError for a split ``name`` does not have, or a slice that selects nothing."""
-    if name in TEXT_DATASETS:
-        from runner.data.text_files import TEXT_SPLITS
+def check_splits(
+    name: str, splits: list[str], *, root: str | None = None, block_size: int | None = None, val_fraction: float = 0.1
+) -> None:
+    """Raise ValueError for a split ``name`` does not have, or a slice that selects nothing.
 
+    A text dataset's splits hold windows of ``block_size + 1`` characters: they are counted when
+    ``root`` and ``block_size`` are given and the corpus is there.
+    """
+    if name in TEXT_DATASETS:
+        from runner.data.text_files import TEXT_SPLITS, window_counts
+
+        counts = (
+            None
+            if root is None or block_size is None
+            else window_counts(root, block_size=block_size, val_fraction=val_fraction)
+        )
         for split in splits:
             spec = parse_split(split)
             if spec.name not in TEXT_SPLITS:
                 raise ValueError(
                     f"{name} has no split {spec.name!r} ({split!r}); use 'train' or 'val' with an optional slice."
+                )
+            if counts is not None and len(spec.indices(counts[spec.name])) == 0:
+                raise ValueError(
+                    f"Split {split!r} selects none of the {counts[spec.name]} windows of {block_size + 1} characters "
+                    f"in {name}'s {spec.name} split; widen the slice, lower model.block_size or change "
+                    "data.val_fraction."
                 )
         return
     if name != "mnist":

@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 
 from runner.data.download import DataFileError
 from runner.data.splits import parse_split
-from runner.data.text_files import SHAKESPEARE_FILE, TEXT_SPLITS, download_shakespeare, find_corpus
+from runner.data.text_files import SHAKESPEARE_FILE, TEXT_SPLITS, download_shakespeare, find_corpus, split_boundary
 
 VOCAB_FILE = "vocab.json"
 
@@ -153,7 +153,7 @@ def split_tokens(tokens: torch.Tensor, val_fraction: float) -> dict[str, torch.T
     """``train``: the first ``1 - val_fraction`` of the tokens (rounded down); ``val``: the rest."""
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction={val_fraction} must be between 0 and 1.")
-    boundary = int(len(tokens) * (1 - val_fraction))
+    boundary = split_boundary(len(tokens), val_fraction)
     return {"train": tokens[:boundary], "val": tokens[boundary:]}
 
 

@@ -32,3 +32,25 @@ def download_shakespeare(root: str | os.PathLike) -> list[Path]:
         return []
     root.mkdir(parents=True, exist_ok=True)
     return [download_file(root / SHAKESPEARE_FILE, urls=SHAKESPEARE_URLS, sha256=SHAKESPEARE_SHA256)]
+
+
+def split_boundary(characters: int, val_fraction: float) -> int:
+    """Where ``train`` ends and ``val`` begins: after the first ``1 - val_fraction`` of the characters, rounded down."""
+    return int(characters * (1 - val_fraction))
+
+
+def window_counts(root: str | os.PathLike, *, block_size: int, val_fraction: float) -> dict[str, int] | None:
+    """Windows of ``block_size + 1`` characters in each split of the corpus in ``root`` (None if it cannot be read).
+
+    ``train`` has one per offset, ``val`` one every ``block_size`` characters, as the datasets do.
+    """
+    path = find_corpus(root)
+    try:
+        characters = len(path.read_text(encoding="utf-8")) if path is not None else None
+    except (OSError, UnicodeDecodeError):
+        characters = None
+    if characters is None:
+        return None
+    boundary = split_boundary(characters, val_fraction)
+    train, val = boundary - block_size, characters - boundary - block_size
+    return {"train": max(train, 0), "val": max(-(-val // block_size), 0)}

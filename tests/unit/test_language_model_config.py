@@ -7,6 +7,7 @@ from runner.app import CONF_DIR, check_overrides
 from runner.config import ConfigError, register_configs
 
 register_configs()
+SHAKESPEARE = CONF_DIR.parents[1] / "shared" / "data" / "tinyshakespeare"
 
 
 def composed(*overrides: str):
@@ -77,3 +78,14 @@ def test_bad_language_model_settings_get_one_sentence(overrides, message):
     with pytest.raises(ConfigError) as info:
         check_overrides(overrides)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.skipif(not SHAKESPEARE.is_dir(), reason="tiny-shakespeare is not beside the checkout")
+def test_a_slice_beyond_the_corpus_windows_is_refused_before_launch():
+    with pytest.raises(ConfigError) as info:
+        check_overrides(["experiment=shakespeare_gpt", f"data.root={SHAKESPEARE}", 'data.eval_split="val[5000:]"'])
+    assert str(info.value) == (
+        "data split 'val[5000:]' selects none of the 1742 windows of 65 characters in shakespeare_char's val split; "
+        "widen the slice, lower model.block_size or change data.val_fraction."
+    )
+    check_overrides(["experiment=shakespeare_gpt", f"data.root={SHAKESPEARE}", 'data.eval_split="val[1741:]"'])

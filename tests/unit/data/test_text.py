@@ -155,6 +155,21 @@ def test_unknown_splits_and_empty_selections_are_refused(corpus):
     runner.data.check_splits("shakespeare_char", ["train[:50%]", "val[:10]"])
 
 
+@pytest.mark.parametrize(("block_size", "val_fraction"), [(8, 0.1), (7, 0.25), (99, 0.1), (100, 0.1), (500, 0.3)])
+def test_windows_are_counted_before_launch_as_the_datasets_count_them(corpus, block_size, val_fraction):
+    counts = text_files.window_counts(corpus, block_size=block_size, val_fraction=val_fraction)
+    for split in ("train", "val"):
+        try:
+            built = len(build_char_dataset(corpus, split=split, block_size=block_size, val_fraction=val_fraction))
+        except ValueError:  # holds no window
+            built = 0
+        assert counts[split] == built, split
+    assert text_files.window_counts(corpus / "nowhere", block_size=8, val_fraction=0.1) is None
+    with pytest.raises(ValueError, match=r"Split 'val\[12:\]' selects none of the 12 windows of 9 characters in "):
+        runner.data.check_splits("shakespeare_char", ["train", "val[12:]"], root=str(corpus), block_size=8)
+    runner.data.check_splits("shakespeare_char", ["train", "val[11:]"], root=str(corpus), block_size=8)
+
+
 def test_missing_files_and_the_dataset_registry(corpus, tmp_path):
     assert runner.data.missing_files("shakespeare_char", root=str(corpus), splits=["train", "val"]) == []
     empty = tmp_path / "empty"
