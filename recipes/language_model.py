@@ -114,6 +114,8 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float:
         model.compile()
     optimizer = build_optimizer(cfg.optimizer, parameter_groups(model))
     shuffle = torch.Generator().manual_seed(cfg.seed)  # the prepared loader shuffles from its seed
+    # Random windows: each epoch draws samples_per_epoch window offsets (all of them when null) from a
+    # fresh seeded permutation, the same on any number of processes and resumable at any sample.
     train_loader = DataLoader(
         train_set,
         batch_size=cfg.data.batch_size,
