@@ -40,6 +40,9 @@ from runner.training import (
 
 logger = logging.getLogger("runner")
 
+# What train() returns, for sweeps: the validation loss, which a sweeper minimises.
+OBJECTIVE = ("eval/loss", "minimize")
+
 SAMPLES_FILE = "samples.txt"
 SAMPLE_COUNT, SAMPLE_LENGTH, SAMPLE_TEMPERATURE, SAMPLE_TOP_K = 3, 300, 0.8, 40
 

@@ -11,7 +11,7 @@ from runner import report
 from runner.app import check_plugins
 from runner.config import ConfigError
 from runner.lock import RunLock, is_locked
-from runner.sweeps import contiguous, plan, swept_keys
+from runner.sweeps import contiguous, plan, recipe_objective, swept_keys
 
 
 def _job(folder: Path, overrides: list[str], status: str, **extra) -> Path:
@@ -115,3 +115,8 @@ def test_an_option_whose_plugin_is_missing_names_the_extra_to_install(monkeypatc
     assert str(error.value).startswith(f"{group}={option} needs a Hydra plugin that is not installed (hydra_plugins.")
     assert str(error.value).endswith(f"install it with pip install -e '.[{extra}]'.")
     check_plugins(["hparams_search=null", "hydra/launcher=basic"])  # nothing needed
+
+
+def test_each_recipe_names_its_objective_and_direction():
+    assert recipe_objective("classification") == ("eval/accuracy", "maximize")
+    assert recipe_objective("language_model") == ("eval/loss", "minimize")
