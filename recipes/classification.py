@@ -96,12 +96,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float:
     config_sha256 = config_hash(cfg)
     reporter = ProgressReporter(accelerator, total=total_steps, initial=progress.step, enabled=trainer.progress_bar)
     throughput = Throughput()
-    running_loss, micro_batches = torch.zeros((), device=accelerator.device), progress.micro_batches
-    if progress.loss_totals:  # this rank's running loss at the checkpoint (their mean on another world size)
-        totals = progress.loss_totals
-        running_loss.fill_(
-            totals[accelerator.process_index] if len(totals) == accelerator.num_processes else sum(totals) / len(totals)
-        )
+    running_loss, micro_batches = progress.running_loss(accelerator), progress.micro_batches
     metrics: dict[str, float] = {}
     last_eval, last_checkpoint = -1, progress.step if cfg.resume else -1
 
@@ -114,8 +109,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float:
 
     def checkpoint() -> None:
         nonlocal last_checkpoint
-        progress.loss_totals = accelerator.gather(running_loss.reshape(1)).tolist()
-        progress.micro_batches = micro_batches
+        progress.keep_running_loss(accelerator, running_loss, micro_batches)
         accelerator.save_state(metadata={"step": progress.step, "config_sha256": config_sha256})
         last_checkpoint = progress.step
 

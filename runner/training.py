@@ -46,6 +46,22 @@ class TrainingProgress:
         self.loss_totals = [float(total) for total in state.get("loss_totals", [])]
         self.micro_batches = int(state.get("micro_batches", 0))
 
+    def running_loss(self, accelerator):
+        """This rank's running loss as the checkpoint left it (their mean on another world size); 0 when fresh."""
+        import torch
+
+        loss = torch.zeros((), device=accelerator.device)
+        totals = self.loss_totals
+        if totals:
+            loss.fill_(totals[accelerator.process_index] if len(totals) == accelerator.num_processes
+                       else sum(totals) / len(totals))  # fmt: skip
+        return loss
+
+    def keep_running_loss(self, accelerator, running_loss, micro_batches: int) -> None:
+        """Before a save: every rank's running loss (all ranks take part) and this rank's micro-batch count."""
+        self.loss_totals = accelerator.gather(running_loss.reshape(1)).tolist()
+        self.micro_batches = micro_batches
+
 
 def total_optimizer_steps(trainer: DictConfig, batches_per_epoch: int) -> int:
     """``trainer.max_steps`` if set, else ``max_epochs`` epochs of optimizer steps.
