@@ -73,7 +73,8 @@ def cli() -> None:
     try:
         hydra_main()
     except SystemExit as stop:
-        exit_without_finalizing(stop.code or 0 if isinstance(stop.code, (int, type(None))) else RUNTIME_ERROR)
+        code = stop.code
+        exit_without_finalizing(0 if code is None else code if isinstance(code, int) else RUNTIME_ERROR)
         raise
     else:
         exit_without_finalizing(0)  # a torchrun worker with a process group: see the function
@@ -149,7 +150,7 @@ def main(cfg: DictConfig) -> float | None:
                 job.start(project_dir, cfg.recipe)
             objective = launch(config, overrides)
     except FolderLocked as error:  # another process runs this folder: its record is not ours to touch
-        _fail(None if job is None else job.folder, RUNTIME_ERROR, str(error))
+        _fail(job, RUNTIME_ERROR, str(error), record=False)
     except ConfigError as error:
         _fail(job, USAGE_ERROR, str(error))
     except preemption.Preempted as stop:
@@ -169,14 +170,16 @@ def main(cfg: DictConfig) -> float | None:
     return objective
 
 
-def _fail(job, code: int, message: str) -> NoReturn:
-    """Report ``message``: alone, one line and exit ``code``; in a sweep, record it and let the sweep go on."""
-    from runner.sweeps import JobFailed, SweepJob
+def _fail(job, code: int, message: str, *, record: bool = True) -> NoReturn:
+    """Report ``message``: alone, one line and exit ``code``; in a sweep, record it in the job's
+    job.json (unless ``record`` is False) and raise, so that Hydra marks the job failed and the sweep goes on.
+    """
+    from runner.sweeps import JobFailed
 
     if job is None:
         print(f"runner: error: {message}", file=sys.stderr)
         sys.exit(code)
-    if isinstance(job, SweepJob):
+    if record:
         job.fail(message)
     raise JobFailed(message) from None
 
@@ -187,11 +190,12 @@ def _stopped(stop, project_dir: str, *, sweep: bool = False) -> str:
 
     newest, _ = newest_intact_checkpoint(checkpoints_dir(project_dir))
     saved = f"{newest.name} is saved" if newest is not None else "no checkpoint was completed"
-    how = "run the same sweep command again" if sweep else f"`python -m runner resume={project_dir}`"
-    return (
-        f"stopped by {stop.signal_name} at a step all processes agreed on; {saved}; continue with {how} "
-        f"(exit code {preemption.EXIT_CODE})."
-    )
+    if sweep:
+        how = "run the same sweep command again to continue"
+    else:
+        how = f"continue with `python -m runner resume={project_dir}`"
+    agreed = f"stopped by {stop.signal_name} at a step all processes agreed on"
+    return f"{agreed}; {saved}; {how} (exit code {preemption.EXIT_CODE})."
 
 
 def _task_overrides() -> list[str]:

@@ -202,7 +202,7 @@ def test_a_stop_signal_stops_the_sweep_with_a_checkpoint_and_the_same_command_co
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 75, stderr[-3000:]
-    assert stderr.strip().splitlines()[-1].endswith("continue with run the same sweep command again (exit code 75).")
+    assert stderr.strip().splitlines()[-1].endswith("; run the same sweep command again to continue (exit code 75).")
     stopped = _job(sweep / "1")
     assert stopped["status"] == "stopped" and stopped["error"].startswith("stopped by SIGTERM")
 
