@@ -38,7 +38,6 @@ class ResumableSweeper(BasicSweeper):
             print(f"runner: error: {error}", file=sys.stderr)
             sys.exit(1)
         try:
-            OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
             jobs = [list(job) for batch in batches for job in batch]
             folders = [self._folder(index, job) for index, job in enumerate(jobs)]  # composes each: checks it too
             to_run, problems = plan(list(zip(folders, jobs, strict=True)))
@@ -49,6 +48,7 @@ class ResumableSweeper(BasicSweeper):
                     file=sys.stderr,
                 )
                 sys.exit(2)
+            OmegaConf.save(self.config, sweep_dir / "multirun.yaml")  # only once the folder is known to be ours
             skipped = len(jobs) - len(to_run)
             if skipped:
                 log.info("Sweep %s: %d of %d jobs already finished; running the other %d", sweep_dir, skipped,

@@ -148,7 +148,7 @@ def test_a_sweep_folder_of_another_sweep_is_refused_and_left_alone(tmp_path):
     sweep = tmp_path / "sweep"
     first = run_cli("-m", *TINY, "optimizer.lr=1e-3", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    before = _fingerprint(sweep / "0")
+    before, multirun = _fingerprint(sweep / "0"), (sweep / "multirun.yaml").read_text()
 
     other = run_cli("-m", *TINY, "optimizer.lr=5e-3,1e-3", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert other.returncode == 2
@@ -156,6 +156,7 @@ def test_a_sweep_folder_of_another_sweep_is_refused_and_left_alone(tmp_path):
     assert message.startswith(f"runner: error: hydra.sweep.dir={sweep} already holds another sweep ({sweep / '0'}")
     assert message.endswith("give this sweep a new hydra.sweep.dir.")
     assert _fingerprint(sweep / "0") == before and not (sweep / "1").exists()
+    assert (sweep / "multirun.yaml").read_text() == multirun  # the first sweep's record of its command
 
 
 def test_optuna_searches_three_trials_and_the_summary_ranks_them(tmp_path):
