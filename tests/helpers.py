@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
+import threading
+import urllib.request
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -155,3 +162,26 @@ def assert_same_optimizer_state(a: dict, b: dict) -> None:
         for key, value in state.items():
             other = b["state"][index][key]
             assert torch.equal(value, other) if isinstance(value, torch.Tensor) else value == other, (index, key)
+
+
+@contextlib.contextmanager
+def http_mirror(folder, monkeypatch) -> Iterator[str]:
+    """Serve ``folder`` on a local HTTP server (no proxies); yields its base URL, ``http://127.0.0.1:PORT/``."""
+    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    # urlopen reuses an opener whose proxies were read once; use one without proxies so only 127.0.0.1 is contacted.
+    monkeypatch.setattr(urllib.request, "_opener", urllib.request.build_opener(urllib.request.ProxyHandler({})))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):
+        pass

@@ -1,11 +1,8 @@
-import functools
 import gzip
 import hashlib
-import http.server
 import random
 import socket
 import struct
-import threading
 import urllib.request
 from pathlib import Path
 
@@ -16,6 +13,7 @@ import runner.data
 from runner.data import mnist_files
 from runner.data.mnist import MEAN, MNIST, STD, read_idx
 from runner.data.mnist_files import download_mnist
+from tests.helpers import http_mirror
 
 REAL_MNIST = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "mnist"
 TRAIN_IMAGES, TRAIN_LABELS = mnist_files.MNIST_FILES["train"]
@@ -317,11 +315,6 @@ def test_missing_files_unknown_split_name(tmp_path):
 # ---------------------------------------------------------------------------------------------------- download
 
 
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):
-        pass
-
-
 @pytest.fixture
 def mirror(tmp_path, monkeypatch):
     """A local HTTP server: ``/good/`` holds the generated files, ``/bad/`` other bytes under the same names."""
@@ -332,21 +325,9 @@ def mirror(tmp_path, monkeypatch):
         monkeypatch.setitem(
             mnist_files.MNIST_SHA256, name, hashlib.sha256((served / "good" / name).read_bytes()).hexdigest()
         )
-    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    # urlopen reuses an opener whose proxies were read once; use one without proxies so only 127.0.0.1 is contacted.
-    monkeypatch.setattr(urllib.request, "_opener", urllib.request.build_opener(urllib.request.ProxyHandler({})))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(served)))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{server.server_address[1]}/"
-    monkeypatch.setattr(mnist_files, "MIRRORS", (base + "good/",))
-    try:
+    with http_mirror(served, monkeypatch) as base:
+        monkeypatch.setattr(mnist_files, "MIRRORS", (base + "good/",))
         yield base
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 @pytest.fixture

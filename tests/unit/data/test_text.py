@@ -1,12 +1,8 @@
 """Character-level text: vocabulary, splits, windows (deterministic, world-size independent), files, download."""
 
-import functools
 import hashlib
-import http.server
 import json
 import random
-import threading
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,6 +15,7 @@ from runner.data.download import DataFileError, DownloadError
 from runner.data.text import CharVocab, CharWindows, build_char_dataset, split_tokens
 from runner.engine.data import DataLoaderConfiguration, prepare_data_loader
 from runner.engine.optimizer import GradientAccumulationPlugin, GradientState
+from tests.helpers import http_mirror
 
 SHAKESPEARE = Path(__file__).resolve().parents[4] / "shared" / "data" / "tinyshakespeare"
 # 1000 characters without repeated windows, so a window's text identifies its offset.
@@ -179,11 +176,6 @@ def test_missing_files_and_the_dataset_registry(corpus, tmp_path):
 
 
 # -------------------------------------------------------------------------------------------------- download
-class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):
-        pass
-
-
 @pytest.fixture
 def mirror(tmp_path, monkeypatch):
     """A local HTTP server holding a small corpus as ``good/input.txt`` and other bytes as ``bad/input.txt``."""
@@ -192,18 +184,8 @@ def mirror(tmp_path, monkeypatch):
         (served / folder).mkdir(parents=True)
         (served / folder / "input.txt").write_text(text, encoding="utf-8")
     monkeypatch.setattr(text_files, "SHAKESPEARE_SHA256", hashlib.sha256(TEXT.encode()).hexdigest())
-    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(urllib.request, "_opener", urllib.request.build_opener(urllib.request.ProxyHandler({})))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(served)))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with http_mirror(served, monkeypatch) as base:
+        yield base
 
 
 def test_download_fetches_a_verified_corpus_once(mirror, tmp_path, monkeypatch):
