@@ -1,0 +1,162 @@
+"""Check every Hydra ``_target_`` node of a composed config before any process is launched.
+
+Hydra finds a misspelled class or keyword only when ``instantiate`` runs: inside the workers, after
+processes are spawned and data is downloading, and as a long traceback. :func:`check_targets` finds
+the same mistakes first, as one sentence: it walks the config as plain containers (unresolved, so an
+interpolation like ``${data.root}`` stays as written and nothing is evaluated), imports each dotted
+path with :func:`locate`, and compares the node's keys with the parameters its callable takes.
+
+Importing this module imports no torch; checking a config imports each target's module, which may
+(``torch.optim.AdamW`` does), so call :func:`check_targets` once, where the launch is decided.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import pkgutil
+import traceback
+from types import ModuleType
+from typing import Any
+
+from runner.config import ConfigError
+
+KEYWORD_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def locate(path: str, *, key: str) -> Any:
+    """The object at dotted ``path`` (module attribute, class, classmethod, function), importing its module.
+
+    The longest importable prefix of ``path`` is imported as a module and the rest is read with getattr,
+    so ``torch.nn.CrossEntropyLoss`` and ``pkg.mod.Class.from_config`` both resolve.
+
+    Raises:
+        ConfigError: one sentence naming ``key`` (e.g. ``'model._target_'``) and ``path``.
+    """
+    parts = path.split(".")
+    if not all(part.isidentifier() for part in parts):
+        raise ConfigError(f"{key}={path!r} is not a dotted path; write one like 'package.module.Class'.")
+    obj, imported = _import_longest_prefix(parts, key=key, path=path)
+    for depth in range(imported, len(parts)):
+        owner, name = obj, parts[depth]
+        try:
+            obj = getattr(owner, name)
+        except AttributeError:
+            owner_path = ".".join(parts[:depth])
+            close = _close_match(name, _public_names(owner))
+            hint = f" (did you mean '{owner_path}.{close}'?)" if close else ""
+            raise ConfigError(
+                f"{key}={path!r} does not import: {owner_path} has no {name!r}{hint}; fix the dotted path."
+            ) from None
+    return obj
+
+
+def check_targets(cfg: Any) -> None:
+    """Check that every ``_target_`` node of ``cfg`` imports and accepts its keys.
+
+    Args:
+        cfg: the composed config, a DictConfig or a plain dict; its ``hydra`` key is skipped.
+
+    Raises:
+        ConfigError: one sentence naming the full key (e.g. ``'data.train.transform._target_'``) and the fix.
+    """
+    if not isinstance(cfg, dict):
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.to_container(cfg, resolve=False)
+    _walk({name: value for name, value in cfg.items() if name != "hydra"}, key="")
+
+
+def _walk(value: Any, *, key: str) -> None:
+    if isinstance(value, dict):
+        if "_target_" in value:
+            _check_node(value, key=key)
+        for name, child in value.items():
+            _walk(child, key=_join(key, str(name)))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            _walk(child, key=f"{key}[{index}]")
+
+
+def _check_node(node: dict, *, key: str) -> None:
+    path, target_key = node["_target_"], _join(key, "_target_")
+    if not isinstance(path, str):
+        raise ConfigError(f"{target_key}={path!r} must be a dotted path, like 'package.module.Class'.")
+    if "${" in path:
+        return  # an interpolation: known only once resolved, and we never resolve
+    target = locate(path, key=target_key)
+    if not callable(target):
+        raise ConfigError(
+            f"{target_key}={path!r} is not callable (it is a {type(target).__name__}); "
+            "point it at a class or a function."
+        )
+    _check_keywords(target, node, key=key, path=path)
+
+
+def _check_keywords(target: Any, node: dict, *, key: str, path: str) -> None:
+    try:
+        kinds = {name: parameter.kind for name, parameter in inspect.signature(target).parameters.items()}
+    except (TypeError, ValueError):
+        return  # some builtins have no signature: nothing to compare with
+    if inspect.Parameter.VAR_KEYWORD in kinds.values():
+        return
+    accepted = [name for name, kind in kinds.items() if kind in KEYWORD_KINDS]
+    for name in map(str, node):
+        if name.startswith("_") or name in accepted:
+            continue
+        takes = f"it takes {', '.join(accepted)}" if accepted else "it takes no keyword arguments"
+        close = _close_match(name, accepted)
+        if kinds.get(name) is inspect.Parameter.POSITIONAL_ONLY:
+            hint = f" ({name} is positional-only; pass it in {_join(key, '_args_')})"
+        else:
+            hint = f" (did you mean '{_join(key, close)}'?)" if close else ""
+        raise ConfigError(f"{_join(key, name)} is not a parameter of {path}; {takes}{hint}.")
+
+
+def _import_longest_prefix(parts: list[str], *, key: str, path: str) -> tuple[ModuleType, int]:
+    """Import ``parts[:1]``, ``parts[:2]``, ...; return the last that is a module, and how many parts it spans."""
+    module = None
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name != name:  # the module exists, but something it imports does not
+                raise _broken_import(error, module=name, key=key, path=path) from error
+            if module is None:
+                raise ConfigError(
+                    f"{key}={path!r} does not import: there is no module named {name!r}; fix the dotted path, "
+                    "or install the package (or run from the folder that holds it)."
+                ) from None
+            return module, depth - 1
+        except Exception as error:
+            raise _broken_import(error, module=name, key=key, path=path) from error
+    return module, len(parts)
+
+
+def _broken_import(error: Exception, *, module: str, key: str, path: str) -> ConfigError:
+    lines = str(error).strip().splitlines()
+    what = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if frame.filename != __file__]
+    frames = [frame for frame in frames if not frame.filename.startswith("<frozen")]
+    where = "" if isinstance(error, SyntaxError) or not frames else f" (at {frames[-1].filename}:{frames[-1].lineno})"
+    return ConfigError(f"{key}={path!r} does not import: importing {module} raised {what}{where}; fix that module.")
+
+
+def _public_names(owner: Any) -> list[str]:
+    names = [name for name in dir(owner) if not name.startswith("_")]
+    if isinstance(owner, ModuleType) and hasattr(owner, "__path__"):  # a package: its submodules too
+        names += [info.name for info in pkgutil.iter_modules(owner.__path__)]
+    return names
+
+
+def _close_match(name: str, candidates: list[str]) -> str | None:
+    """The closest of ``candidates`` to ``name``, ignoring case, or None when none is close."""
+    by_lower = {candidate.lower(): candidate for candidate in candidates}
+    close = difflib.get_close_matches(name.lower(), by_lower, n=1)
+    return by_lower[close[0]] if close else None
+
+
+def _join(key: str, name: str) -> str:
+    return f"{key}.{name}" if key else name
