@@ -4,8 +4,8 @@
 python -m runner experiment=shakespeare_gpt
 python -m runner experiment=shakespeare_gpt_ddp trainer.mixed_precision=bf16
 
-Returns the final eval loss (nats per character): a sweep over this recipe minimises its objective
-(the classification recipe returns accuracy, which is maximised).
+Returns ``objective.metric``'s final value: the experiments set the eval loss (nats per character),
+which a sweep minimises.
 """
 
 from __future__ import annotations
@@ -16,22 +16,17 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, RandomSampler
 
-from runner import preemption
-from runner.data import build_dataset
+from runner.components import build, build_datasets
 from runner.data.text import VOCAB_FILE, CharVocab
 from runner.engine import Accelerator, CheckpointError, set_seed
 from runner.training import (
-    ProgressReporter,
-    Throughput,
+    TrainingLoop,
     TrainingProgress,
     build_optimizer,
     build_scheduler,
-    config_hash,
-    every,
     model_flops_utilization,
     peak_bf16_flops,
     total_optimizer_steps,
@@ -39,9 +34,6 @@ from runner.training import (
 )
 
 logger = logging.getLogger("runner")
-
-# What train() returns, for sweeps: the validation loss, which a sweeper minimises.
-OBJECTIVE = ("eval/loss", "minimize")
 
 SAMPLES_FILE = "samples.txt"
 SAMPLE_COUNT, SAMPLE_LENGTH, SAMPLE_TEMPERATURE, SAMPLE_TOP_K = 3, 300, 0.8, 40
@@ -95,19 +87,11 @@ def generate_samples(model, vocab: CharVocab, accelerator: Accelerator, *, seed:
     return [vocab.decode(row[1:]) for row in tokens.cpu()]
 
 
-def train(cfg: DictConfig, accelerator: Accelerator) -> float:
+def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     set_seed(cfg.seed)
-    block_size = cfg.model.block_size
-    windows = {"block_size": block_size, "val_fraction": cfg.data.val_fraction}
-    with accelerator.main_process_first():
-        train_set = build_dataset(
-            cfg.data.name, root=cfg.data.root, split=cfg.data.train_split, download=cfg.data.download, **windows
-        )
-        eval_set = build_dataset(
-            cfg.data.name, root=cfg.data.root, split=cfg.data.eval_split, download=cfg.data.download, **windows
-        )
+    train_set, eval_set = build_datasets(cfg.data, accelerator)
     vocab = train_set.vocab
-    model = instantiate(cfg.model, vocab_size=len(vocab))
+    model = build(cfg.model, key="model", vocab_size=len(vocab))
     flops_per_token = model.flops_per_token()
     logger.info("GPT with %.2fM parameters, vocabulary of %d characters", model.num_parameters() / 1e6, len(vocab))
     if cfg.trainer.compile:
@@ -151,93 +135,35 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float:
         logger.info("Resumed at step %d (epoch %d) from %s", progress.step, train_loader.iteration, cfg.resume)
     accelerator.init_trackers("", config=OmegaConf.to_container(cfg, resolve=True))
 
-    trainer = cfg.trainer
-    log_every, eval_every, save_every = (
-        trainer.log_every_n_steps,
-        trainer.eval_every_n_steps,
-        trainer.checkpoint_every_n_steps,
-    )
-    max_grad_norm = trainer.max_grad_norm
-    config_sha256 = config_hash(cfg)
     peak_flops = peak_bf16_flops(accelerator.device)
-    reporter = ProgressReporter(accelerator, total=total_steps, initial=progress.step, enabled=trainer.progress_bar)
-    throughput = Throughput()  # counts tokens
-    running_loss, micro_batches = progress.running_loss(accelerator), progress.micro_batches
-    metrics: dict[str, float] = {}
-    last_eval, last_checkpoint = -1, progress.step if cfg.resume else -1
 
-    def evaluate_and_log() -> None:
-        nonlocal last_eval
-        metrics.update(evaluate(model, eval_loader, accelerator))
-        accelerator.log({k: v for k, v in metrics.items() if k.startswith("eval/")}, step=progress.step)
-        reporter.report(progress.step, {k: v for k, v in metrics.items() if k.startswith("eval/")})
-        last_eval = progress.step
+    def utilization(tokens_per_second: float) -> dict[str, float]:  # MFU, on GPUs whose peak is known
+        if peak_flops is None:
+            return {}
+        mfu = model_flops_utilization(
+            tokens_per_second, flops_per_token=flops_per_token, peak_flops=peak_flops, devices=accelerator.num_processes
+        )
+        return {"train/mfu": mfu}
 
-    def checkpoint() -> None:
-        nonlocal last_checkpoint
-        progress.keep_running_loss(accelerator, running_loss, micro_batches)
-        accelerator.save_state(metadata={"step": progress.step, "config_sha256": config_sha256})
-        last_checkpoint = progress.step
-
+    loop = TrainingLoop(
+        accelerator, cfg, progress=progress, total_steps=total_steps,
+        evaluate=lambda: evaluate(model, eval_loader, accelerator), unit="tokens", extra_logs=utilization,
+    )  # fmt: skip
+    max_grad_norm = cfg.trainer.max_grad_norm
     model.train()
-    while progress.step < total_steps:
-        for inputs, targets in train_loader:
-            with accelerator.accumulate(model):
-                _, loss = model(inputs, targets)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and max_grad_norm:
-                    accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
-                optimizer.step()
-                if scheduler is not None and accelerator.sync_gradients and not accelerator.optimizer_step_was_skipped:
-                    scheduler.step()
-                optimizer.zero_grad()
-            running_loss += loss.detach()
-            micro_batches += 1
-            throughput.add(inputs.numel() * accelerator.num_processes)
-            if not accelerator.sync_gradients:
-                continue
-
-            progress.step += 1
-            reporter.advance()
-            if every(log_every, progress.step):
-                mean_loss = accelerator.reduce(running_loss / micro_batches, reduction="mean").item()
-                running_loss.zero_()
-                micro_batches = 0
-                metrics["train/loss"] = mean_loss
-                tokens_per_second = throughput.read()
-                logged = {"train/loss": mean_loss, "train/lr": optimizer.param_groups[0]["lr"],
-                          "train/tokens_per_second": tokens_per_second}  # fmt: skip
-                if peak_flops is not None:
-                    logged["train/mfu"] = model_flops_utilization(
-                        tokens_per_second,
-                        flops_per_token=flops_per_token,
-                        peak_flops=peak_flops,
-                        devices=accelerator.num_processes,
-                    )
-                accelerator.log(logged, step=progress.step)
-                reporter.report(progress.step, logged)
-            if every(eval_every, progress.step):
-                evaluate_and_log()
-            if every(save_every, progress.step):
-                checkpoint()
-            if preemption.agreed(accelerator, progress.step):  # a stop signal reached some process: all stop here
-                if last_checkpoint != progress.step:
-                    checkpoint()
-                accelerator.wait_for_checkpoint()
-                raise preemption.Preempted(preemption.received() or "a peer's signal", progress.step)
-            if progress.step >= total_steps:
-                break
-        else:  # the epoch ended (rather than the step budget)
-            if eval_every is None and last_eval != progress.step:
-                evaluate_and_log()
-            if save_every is None and last_checkpoint != progress.step:
-                checkpoint()
-
-    if last_eval != progress.step:
-        evaluate_and_log()
-    if last_checkpoint != progress.step:
-        checkpoint()
-    reporter.close()
+    for inputs, targets in loop.batches(train_loader):
+        with accelerator.accumulate(model):
+            _, loss = model(inputs, targets)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and max_grad_norm:
+                accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            if scheduler is not None and accelerator.sync_gradients and not accelerator.optimizer_step_was_skipped:
+                scheduler.step()
+            optimizer.zero_grad()
+        loop.micro_step(loss, samples=inputs.numel())  # tokens
+        if accelerator.sync_gradients:
+            loop.optimizer_step(lr=optimizer.param_groups[0]["lr"])
 
     project_dir = Path(accelerator.project_dir)
     accelerator.save_model(model, project_dir / "model")
@@ -245,6 +171,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float:
     if accelerator.is_main_process:
         vocab.save(project_dir / "model" / VOCAB_FILE)
         (project_dir / SAMPLES_FILE).write_text("\n\n---\n\n".join(samples) + "\n", encoding="utf-8")
-        write_metrics(project_dir / "metrics.json", {**metrics, "step": progress.step, "epoch": train_loader.iteration})
+        summary = {**loop.metrics, "step": progress.step, "epoch": train_loader.iteration}
+        write_metrics(project_dir / "metrics.json", summary)
     accelerator.end_training()
-    return metrics["eval/loss"]
+    return loop.objective(cfg.objective.metric)

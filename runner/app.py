@@ -27,7 +27,6 @@ from runner import preemption, slurm
 from runner.config import (
     ConfigError,
     RunnerConfig,
-    check_data,
     check_devices,
     check_hardware,
     register_configs,
@@ -49,11 +48,13 @@ _GROUPS = ("trainer", "model", "data", "optimizer", "scheduler", "parallel", "pr
 
 
 def cli() -> None:
-    """``python -m runner [overrides]``: Hydra's command line, checked first."""
+    """``python -m runner [overrides]`` (and the ``runner`` console script): Hydra's command line, checked first."""
+    from runner.data.download import DataFileError, DownloadError
     from runner.lock import FolderLocked, RunLock
     from runner.worker import exit_without_finalizing
 
     register_configs()
+    import_from_working_directory()
     try:
         if print_help(sys.argv[1:]):
             return
@@ -67,7 +68,7 @@ def cli() -> None:
     except ConfigError as error:
         print(f"runner: error: {error}", file=sys.stderr)
         sys.exit(USAGE_ERROR)
-    except FolderLocked as error:
+    except (FolderLocked, DataFileError, DownloadError) as error:
         print(f"runner: error: {error}", file=sys.stderr)
         sys.exit(RUNTIME_ERROR)
     try:
@@ -81,6 +82,21 @@ def cli() -> None:
     finally:
         if lock is not None:
             lock.release()
+
+
+def import_from_working_directory() -> None:
+    """Make the user's package in the current folder importable here and in every process started from here.
+
+    ``python -m runner`` puts the current folder first on ``sys.path``; the ``runner`` console script
+    does not, and neither does a fresh interpreter (an elastic worker, a restarted one, a Slurm task).
+    ``PYTHONPATH`` carries it to all of them.
+    """
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if here not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, paths)])
 
 
 def _named_run_folder(argv: list[str]) -> tuple[Path, str] | None:
@@ -105,12 +121,14 @@ def hydra_main(cfg: DictConfig) -> float | None:
 def main(cfg: DictConfig) -> float | None:
     """Validate, resolve ``resume``, fix the run folder, and launch. Returns the sweep objective."""
     stamp("compose with Hydra")
-    from runner.data import download_missing
+    from runner.components import BatchError
+    from runner.data import prepare_datasets
     from runner.data.mnist_files import DataFileError, DownloadError
     from runner.engine.checkpoint import CheckpointError
     from runner.launch import WorkerFailed, launch
     from runner.lock import FolderLocked, RunLock
     from runner.sweeps import JobFailed, SweepJob, apply_thread_budget
+    from runner.targets import check_targets
 
     stamp("import torch")
     job = SweepJob.current()  # None unless this is one job of a multirun
@@ -129,15 +147,14 @@ def main(cfg: DictConfig) -> float | None:
         if cfg.resume:
             cfg, overrides = _resume(cfg, overrides)
             validate(cfg)
-        check_data(cfg)
+        check_targets(cfg)
         check_hardware(cfg)
         check_devices(cfg)
         project_dir = _project_dir(cfg)
         check_writable(project_dir, "project.project_dir")
         if cfg.trainer.num_nodes > 1 and cfg.trainer.node_rank == 0:
             check_rendezvous_port(cfg.trainer.rdzv_endpoint)
-        if cfg.data.download:  # once, here, rather than racing in every worker
-            download_missing(cfg.data.name, root=cfg.data.root, splits=[cfg.data.train_split, cfg.data.eval_split])
+        prepare_datasets(cfg.data)  # once, here (downloads, checks), rather than racing in every worker
         config = OmegaConf.to_container(cfg, resolve=True)
         config["project"]["project_dir"] = str(project_dir)
         stamp("validate and check data")
@@ -147,7 +164,7 @@ def main(cfg: DictConfig) -> float | None:
             if job is not None:
                 processes = config["trainer"]["num_processes"]
                 job.record["threads_per_process"] = apply_thread_budget(processes if isinstance(processes, int) else 1)
-                job.start(project_dir, cfg.recipe)
+                job.start(project_dir, objective=(cfg.objective.metric, cfg.objective.direction))
             objective = launch(config, overrides)
     except FolderLocked as error:  # another process runs this folder: its record is not ours to touch
         _fail(job, RUNTIME_ERROR, str(error), record=False)
@@ -159,7 +176,7 @@ def main(cfg: DictConfig) -> float | None:
             job.stop(message)  # the whole sweep stops: the scheduler wants the machine back
         print(f"runner: {message}", file=sys.stderr)
         sys.exit(preemption.EXIT_CODE)
-    except (WorkerFailed, CheckpointError, DownloadError, DataFileError, JobFailed) as error:  # one sentence
+    except (WorkerFailed, CheckpointError, DownloadError, DataFileError, BatchError, JobFailed) as error:
         _fail(job, RUNTIME_ERROR, str(error))
     except Exception as error:
         if job is not None:
@@ -242,8 +259,8 @@ def print_help(argv: list[str]) -> bool:
     """``--help``: print conf/config.yaml's help template with the composed config; False if not asked.
 
     Hydra's own ``--help`` first lists every option of every config group (120 compositions here),
-    which the template does not show: composing once instead makes ``--help`` about 4x faster.
-    ``--help`` with another config folder or file is left to Hydra.
+    which the template does not show: composing once instead makes ``--help`` about 4x faster. The
+    groups and options listed include those of ``--config-dir`` and ``hydra.searchpath``.
     """
     import string
 
@@ -251,19 +268,72 @@ def print_help(argv: list[str]) -> bool:
     from hydra._internal.utils import get_args_parser
 
     args = get_args_parser().parse_args(argv)
-    if not args.help or args.hydra_help or args.config_path or args.config_dir or args.config_name:
+    if not args.help or args.hydra_help or args.config_path or args.config_name:
         return False
     overrides = list(args.overrides or [])
+    search = search_path_overrides(overrides, config_dir=args.config_dir)
+    overrides = [o for o in overrides if not _is_search_path(o)] + search
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         try:
             cfg = compose(CONFIG_NAME, overrides=overrides, return_hydra_config=True)
         except Exception as error:
             raise ConfigError(describe_composition_error(error, overrides)) from None
+        groups = _group_options(search)
     template = cfg.hydra.help.template
     with open_dict(cfg):
         del cfg["hydra"]
-    print(string.Template(template).safe_substitute(CONFIG=OmegaConf.to_yaml(cfg, resolve=args.resolve)))
+    config = OmegaConf.to_yaml(cfg, resolve=args.resolve)
+    print(string.Template(template).safe_substitute(CONFIG=config, GROUPS=groups))
     return True
+
+
+def _group_options(search: list[str]) -> str:
+    """``  group:      option, option`` lines: the contract's groups first, then the user's own."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    loader = GlobalHydra.instance().config_loader()
+    found = loader.get_group_options("", results_filter=ObjectType.GROUP, config_name=CONFIG_NAME, overrides=search)
+    names = [g for g in dict.fromkeys(("experiment", *_GROUPS)) if g in found] + ["hparams_search"]
+    names += sorted(g for g in found if g not in names and g not in ("hydra", "schema"))
+    lines = []
+    for group in names:
+        options = loader.get_group_options(group, config_name=CONFIG_NAME, overrides=search)
+        note = "   (with -m; the optuna extra)" if group == "hparams_search" else ""
+        lines.append(f"  {group + ':':<11} {', '.join(options)}{note}")
+    return "\n".join(lines)
+
+
+def _is_search_path(override: str) -> bool:
+    return override.split("=", 1)[0].lstrip("+") == "hydra.searchpath"
+
+
+def search_path_overrides(overrides: list[str], *, config_dir: str | None) -> list[str]:
+    """One ``hydra.searchpath=[...]`` override holding ``--config-dir`` and the command line's search path.
+
+    Hydra adds ``--config-dir`` to its search path by itself; composing here (to check the command
+    line, or for ``--help``) needs it spelled out. The user's folders come after ``conf/``: they add
+    groups, options and experiments to the built-in ones.
+
+    Raises:
+        ConfigError: ``--config-dir`` is not a folder, or ``hydra.searchpath`` is not a list.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    entries = []
+    if config_dir is not None:
+        folder = Path(config_dir).expanduser().resolve()
+        if not folder.is_dir():
+            raise ConfigError(f"--config-dir {config_dir} is not a folder; pass the folder that holds your groups.")
+        entries.append(f"file://{folder}")
+    for line in filter(_is_search_path, overrides):
+        value = OverridesParser.create().parse_override(line).value()
+        if not isinstance(value, list):
+            raise ConfigError(f"{line} must be a list, e.g. hydra.searchpath=[file://./conf] or [pkg://mylab.conf].")
+        entries += [str(entry) for entry in value]
+    if not entries:
+        return []
+    return ["hydra.searchpath=[" + ",".join(_hydra_value(entry) for entry in entries) + "]"]
 
 
 def prepare_command_line(argv: list[str]) -> list[str]:
@@ -290,8 +360,10 @@ def prepare_command_line(argv: list[str]) -> list[str]:
         given = dict(o.lstrip("+").split("=", 1) for o in overrides + extra if "=" in o)
         overrides += slurm.command_line(given)  # checked with the rest: they must make a valid config too
     check_plugins(overrides)
-    if not (args.config_path or args.config_dir):
-        check_overrides(overrides, config_name=args.config_name or CONFIG_NAME)
+    if not args.config_path:
+        check_overrides(
+            overrides, config_name=args.config_name or CONFIG_NAME, config_dir=args.config_dir, targets=not args.cfg
+        )
     if _under_torchrun() and not args.multirun and not _sets(overrides, "hydra.run.dir") and not resume:
         extra += _torchrun_run_dir()
     return flags + overrides + extra
@@ -354,8 +426,14 @@ def _sets(overrides: list[str], key: str) -> bool:
     return any(o.split("=", 1)[0].lstrip("+") == key for o in overrides)
 
 
-def check_overrides(overrides: list[str], *, config_name: str = CONFIG_NAME) -> None:
+def check_overrides(
+    overrides: list[str], *, config_name: str = CONFIG_NAME, config_dir: str | None = None, targets: bool = True
+) -> None:
     """Compose the config once with ``overrides`` (sweeps reduced to their first value).
+
+    With ``targets`` every ``_target_`` is also imported and its keys checked against its signature,
+    and the datasets are prepared (``prepare_data``: fetched or checked). That imports the user's
+    modules and torch, so it comes only once the rest of the command line is valid.
 
     Raises:
         ConfigError: One sentence naming the bad key, value or option, with the closest valid key.
@@ -373,7 +451,7 @@ def check_overrides(overrides: list[str], *, config_name: str = CONFIG_NAME) -> 
                 f"Cannot parse the override {line!r} ({str(error).splitlines()[0]}); values with brackets, commas "
                 """or spaces need inner quotes, e.g. 'data.train_split="test[:8000]"'."""
             ) from None
-    single = []
+    single = search_path_overrides(overrides, config_dir=config_dir)
     for override in parsed:
         key = override.get_key_element()
         if key.lstrip("+~").startswith("hydra"):
@@ -392,8 +470,14 @@ def check_overrides(overrides: list[str], *, config_name: str = CONFIG_NAME) -> 
     if unknown:
         raise ConfigError(f"{unknown[0]} is not a config key; remove it (valid top-level keys: {', '.join(valid)}).")
     validate(cfg)
+    if targets:
+        from runner.data import prepare_datasets
+        from runner.targets import check_targets
+
+        check_targets(cfg)
+        if not cfg.resume:
+            prepare_datasets(cfg.data)  # before Hydra writes anything: missing files, splits that select nothing
     if not cfg.resume:
-        check_data(cfg)
         check_hardware(cfg)
 
 

@@ -1,11 +1,12 @@
 """Config schemas (registered with Hydra's ConfigStore) and the checks that run before anything heavy.
 
 Every group in ``conf/`` is typed by a dataclass here: the fixed groups (trainer, data, project,
-tracker) through :class:`RunnerConfig`, and each option of the open groups (model, optimizer,
+tracker, objective) through :class:`RunnerConfig`, and each option of the open groups (model, optimizer,
 scheduler, parallel) through its own schema, which its YAML names first in its defaults list. A
 wrong key or type is therefore rejected while Hydra composes; :func:`check_command_line` turns that
 rejection into one sentence, and :func:`validate` checks what types cannot (ranges, choices,
-combinations). Nothing here imports torch.
+combinations). ``data.train``, ``data.eval``, ``loss`` and ``metrics`` hold the user's ``_target_``
+nodes: their imports and keywords are checked by :mod:`runner.targets`. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 STRATEGIES = ("none", "ddp", "fsdp")
 TRACKERS = ("tensorboard", "none")
-RECIPES = {"classification": "recipes.classification", "language_model": "recipes.language_model"}
+# Built-in recipes by name; ``classification`` is the supervised loop under its earlier name.
+RECIPES = {
+    "supervised": "recipes.supervised",
+    "classification": "recipes.supervised",
+    "language_model": "recipes.language_model",
+}
+DIRECTIONS = ("maximize", "minimize")
+MODEL_COMPUTES_LOSS = "model"  # loss: model -- the model returns its own loss
+CHAR_CORPUS = "runner.data.CharCorpus"  # the language model's dataset
 
 
 class ConfigError(ValueError):
@@ -52,16 +61,30 @@ class TrainerConfig:
 
 @dataclass
 class DataConfig:
-    name: str = "mnist"
-    root: str = "data/mnist"
-    download: bool = True
-    train_split: str = "train"
-    eval_split: str = "test"
+    train: Any = MISSING  # a _target_ node building the train dataset
+    eval: Any = None  # a _target_ node building the eval dataset; null: no evaluation
+    # Loader options, for both splits (batch sizes per process).
     batch_size: int = 64
     eval_batch_size: int = 256
     num_workers: int = 0
-    val_fraction: float = 0.1  # text datasets: the last tenth of the characters is the val split
-    samples_per_epoch: int | None = None  # text datasets: train windows per epoch (null: one per offset)
+    shuffle: bool = True
+    drop_last: bool = False
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    collate_fn: Any = None  # a _target_ node with _partial_: true, or null (torch's default collation)
+    # Keys of the built-in presets (mnist, shakespeare_char), interpolated into their train/eval nodes.
+    root: str | None = None
+    download: bool = True
+    train_split: str | None = None
+    eval_split: str | None = None
+    val_fraction: float | None = None  # text: the last tenth of the characters is the val split
+    samples_per_epoch: int | None = None  # text: train windows per epoch (null: one per offset)
+
+
+@dataclass
+class ObjectiveConfig:
+    metric: str = "eval/loss"  # what main() returns and sweeps optimise
+    direction: str = "minimize"
 
 
 @dataclass
@@ -163,11 +186,14 @@ class RunnerConfig:
     data: DataConfig = field(default_factory=DataConfig)
     project: ProjectConfig = field(default_factory=ProjectConfig)
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     model: Any = MISSING
     optimizer: Any = MISSING
     scheduler: Any = None
     parallel: Any = MISSING
-    recipe: str = "classification"
+    loss: Any = None  # a _target_ called as loss(outputs, targets), or "model"
+    metrics: Any = field(default_factory=dict)  # name -> _target_ of a metric
+    recipe: str = "supervised"
     seed: int = 42
     resume: str | None = None
 
@@ -241,11 +267,7 @@ def validate(cfg: DictConfig) -> None:
     _at_least(cfg, "data.batch_size", 1)
     _at_least(cfg, "data.eval_batch_size", 1)
     _at_least(cfg, "data.num_workers", 0)
-    check_split("data.train_split", cfg.data.train_split)
-    check_split("data.eval_split", cfg.data.eval_split)
-    if not 0 < cfg.data.val_fraction < 1:
-        raise ConfigError(f"data.val_fraction={cfg.data.val_fraction} must be between 0 and 1 (exclusive), e.g. 0.1.")
-    _at_least(cfg, "data.samples_per_epoch", 1, optional=True)
+    _check_data(cfg)
     _at_least(cfg, "project.total_limit", 1, optional=True)
     _choice(cfg, "tracker.name", TRACKERS)
     _choice(cfg, "parallel.strategy", STRATEGIES)
@@ -267,34 +289,122 @@ def validate(cfg: DictConfig) -> None:
             "nodes write one run."
         )
     recipe_module(cfg.recipe)
+    _check_loss_and_metrics(cfg)
     _check_recipe_fits(cfg)
+    _check_objective(cfg)
+
+
+def _is_node(value: Any) -> bool:
+    return isinstance(value, DictConfig) and "_target_" in value
+
+
+def _check_data(cfg: DictConfig) -> None:
+    """The datasets are ``_target_`` nodes, the loader options fit them, the presets' splits parse."""
+    data = cfg.data
+    if not _is_node(data.train):
+        raise ConfigError(
+            f"data.train={OmegaConf.select(cfg, 'data.train')!r} must be a node with a _target_ that builds the "
+            "train dataset, e.g. {_target_: mylab.data.MyDataset, ...}; see `python -m runner --cfg job data=mnist`."
+        )
+    if data.eval is not None and not _is_node(data.eval):
+        raise ConfigError(
+            f"data.eval={data.eval!r} must be a node with a _target_ that builds the eval dataset, or null for no "
+            "evaluation."
+        )
+    if data.collate_fn is not None and not (_is_node(data.collate_fn) and data.collate_fn.get("_partial_")):
+        raise ConfigError(
+            "data.collate_fn must be a _target_ node with _partial_: true (a function called with each list of "
+            "samples), or null for torch's default collation."
+        )
+    if data.persistent_workers and data.num_workers == 0:
+        raise ConfigError("data.persistent_workers=true needs worker processes; set data.num_workers to 1 or more.")
+    for key in ("train_split", "eval_split"):
+        if data[key] is not None:
+            check_split(f"data.{key}", data[key])
+    if data.val_fraction is not None and not 0 < data.val_fraction < 1:
+        raise ConfigError(f"data.val_fraction={data.val_fraction} must be between 0 and 1 (exclusive), e.g. 0.1.")
+    _at_least(cfg, "data.samples_per_epoch", 1, optional=True)
+
+
+def _check_loss_and_metrics(cfg: DictConfig) -> None:
+    loss = cfg.loss
+    if not (loss == MODEL_COMPUTES_LOSS or _is_node(loss)):
+        raise ConfigError(
+            f"loss={loss!r} must be a _target_ node called as loss(outputs, targets) (e.g. "
+            "{_target_: torch.nn.CrossEntropyLoss}), or 'model' when the model returns its own loss."
+        )
+    metrics = cfg.metrics
+    if metrics is None:
+        return
+    if not isinstance(metrics, DictConfig):
+        raise ConfigError(f"metrics={metrics!r} must map names to _target_ nodes, e.g. {{accuracy: {{_target_: ..}}}}.")
+    for name, node in metrics.items():
+        if node is None:  # metrics.accuracy=null switches one off
+            continue
+        if "/" in str(name) or not _is_node(node):
+            raise ConfigError(
+                f"metrics.{name} must be a _target_ node of a metric (a torchmetrics Metric, or an object with "
+                "update(outputs, targets), compute() and reset()), under a name without '/'."
+            )
+
+
+def produced_metrics(cfg: DictConfig) -> list[str] | None:
+    """The metrics the built-in recipes log for ``cfg`` (None for a user's recipe: anything goes)."""
+    if cfg.recipe not in RECIPES:
+        return None
+    if cfg.recipe == "language_model":
+        return ["eval/loss", "eval/perplexity", "train/loss"]
+    if cfg.data.eval is None:
+        return ["train/loss"]
+    declared = [name for name, node in (cfg.metrics or {}).items() if node is not None]
+    return ["eval/loss", *(f"eval/{name}" for name in declared), "train/loss"]
+
+
+def _check_objective(cfg: DictConfig) -> None:
+    _choice(cfg, "objective.direction", DIRECTIONS)
+    produced = produced_metrics(cfg)
+    metric = cfg.objective.metric
+    if produced is None or metric in produced:
+        return
+    close = difflib.get_close_matches(metric, produced, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    why = " (data.eval is null, so nothing is evaluated)" if cfg.data.eval is None else ""
+    raise ConfigError(
+        f"objective.metric={metric!r} is not logged by this run{why}{hint}; choose one of {', '.join(produced)}."
+    )
 
 
 def _check_recipe_fits(cfg: DictConfig) -> None:
     """The built-in recipes' needs: a dataset of their kind, and for the language model a context length."""
-    from runner.data import TEXT_DATASETS
-
-    name = cfg.data.name
-    if cfg.recipe == "language_model" and name not in TEXT_DATASETS:
+    corpus = OmegaConf.select(cfg, "data.train._target_") == CHAR_CORPUS
+    language = cfg.recipe == "language_model"
+    if language and not corpus:
         raise ConfigError(
-            f"recipe=language_model needs a text dataset, not data.name={name!r}; use data=shakespeare_char "
+            f"recipe=language_model trains on {CHAR_CORPUS} (a character vocabulary and windows), not "
+            f"data.train._target_={OmegaConf.select(cfg, 'data.train._target_')!r}; use data=shakespeare_char "
             "(or experiment=shakespeare_gpt)."
         )
-    if cfg.recipe == "language_model" and OmegaConf.select(cfg, "model.block_size") is None:
+    if language and OmegaConf.select(cfg, "model.block_size") is None:
         raise ConfigError("recipe=language_model needs a model with a block_size; use model=gpt.")
-    if cfg.data.samples_per_epoch is not None and name not in TEXT_DATASETS:
+    if cfg.data.samples_per_epoch is not None and not language:
         raise ConfigError(
-            f"data.samples_per_epoch applies to text datasets, not data.name={name!r}; leave it null (an epoch is "
-            "one pass over the split)."
+            f"data.samples_per_epoch applies to recipe=language_model, not recipe={cfg.recipe}; leave it null (an "
+            "epoch is one pass over the train dataset)."
         )
-    if cfg.recipe == "classification" and name in TEXT_DATASETS:
+    supervised = RECIPES.get(cfg.recipe) == RECIPES["supervised"]
+    if supervised and corpus:
         raise ConfigError(
-            f"recipe=classification cannot train on the text dataset {name!r}; use recipe=language_model "
+            f"recipe={cfg.recipe} cannot train on the text corpus {CHAR_CORPUS}; use recipe=language_model "
             "(or experiment=shakespeare_gpt)."
         )
     gpt = OmegaConf.select(cfg, "model._target_") == GPTConfig._target_
-    if cfg.recipe == "classification" and gpt:
-        raise ConfigError("recipe=classification cannot train model=gpt, a language model; use recipe=language_model.")
+    if supervised and gpt:
+        raise ConfigError(f"recipe={cfg.recipe} cannot train model=gpt, a language model; use recipe=language_model.")
+    if language and cfg.metrics:
+        raise ConfigError(
+            "recipe=language_model logs its own eval/loss and eval/perplexity; set metrics={} (metrics are for "
+            "recipe=supervised)."
+        )
     if gpt:
         _at_least(cfg, "model.block_size", 1)
         _at_least(cfg, "model.n_layer", 1)
@@ -326,28 +436,6 @@ def recipe_module(recipe: str) -> str:
             "pass a dotted path to a module with train(cfg, accelerator)."
         )
     return module
-
-
-def check_data(cfg: DictConfig) -> None:
-    """Raise :class:`ConfigError` for splits the dataset lacks, or missing files with ``data.download`` off."""
-    from runner.data import TEXT_DATASETS, check_splits, missing_files
-
-    splits = [cfg.data.train_split, cfg.data.eval_split]
-    windows = {}  # a text corpus already on disk: count its windows of the model's context length
-    if cfg.data.name in TEXT_DATASETS and OmegaConf.select(cfg, "model.block_size"):
-        windows = {"root": cfg.data.root, "block_size": cfg.model.block_size, "val_fraction": cfg.data.val_fraction}
-    try:
-        check_splits(cfg.data.name, splits, **windows)
-    except ValueError as error:
-        raise ConfigError(f"{error}".replace("Split ", "data split ", 1)) from None
-    if cfg.data.download:
-        return
-    missing = missing_files(cfg.data.name, root=cfg.data.root, splits=splits)
-    if missing:
-        raise ConfigError(
-            f"{cfg.data.name} files {', '.join(missing)} are not in {cfg.data.root}; set data.root to the folder "
-            "that holds them, or data.download=true to fetch them."
-        )
 
 
 def check_devices(cfg: DictConfig) -> None:

@@ -107,8 +107,9 @@ class SweepJob:
         self.started -= float(earlier.get("wall_time_s") or 0)  # the wall time counts every attempt
         return True
 
-    def start(self, project_dir: Path, recipe: str) -> None:
-        name, direction = recipe_objective(recipe)
+    def start(self, project_dir: Path, *, objective: tuple[str, str]) -> None:
+        """Record the job as running, with the objective it reports (``objective.metric``, ``.direction``)."""
+        name, direction = objective
         self.record.update(
             project_dir=str(project_dir),
             objective={"name": name, "direction": direction},
@@ -138,17 +139,6 @@ class SweepJob:
             self.record["ended_at"] = _now()
         self.folder.mkdir(parents=True, exist_ok=True)
         write_metrics(self.folder / JOB_FILE, self.record)
-
-
-def recipe_objective(recipe: str) -> tuple[str, str]:
-    """``(metric, "maximize" | "minimize")``: what ``recipe``'s train() returns (its ``OBJECTIVE``)."""
-    import importlib
-
-    from runner.config import recipe_module
-
-    module = importlib.import_module(recipe_module(recipe))
-    name, direction = getattr(module, "OBJECTIVE", ("objective", "maximize"))
-    return name, direction
 
 
 def apply_thread_budget(num_processes: int) -> int | None:

@@ -1,10 +1,14 @@
-"""Bookkeeping a recipe calls: step budget, cadence, progress display, throughput, builders, metrics file.
+"""Bookkeeping a recipe calls: the step loop's rules, progress display, throughput, builders, metrics file.
 
-The training loop itself stays in the recipe; these helpers keep it short without hiding it.
+The forward, backward and optimizer step stay in the recipe. :class:`TrainingLoop` holds what every
+recipe must get exactly right and alike: the step budget, the log/eval/checkpoint cadences, the
+end-of-epoch rule, the stop that all ranks agree on after a signal, and the running loss that a
+resumed run continues bit for bit.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -13,13 +17,14 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from runner import preemption
 from runner.startup import log_first_step, stamp
 
 logger = logging.getLogger("runner")
@@ -63,6 +68,135 @@ class TrainingProgress:
         self.micro_batches = micro_batches
 
 
+class TrainingLoop:
+    """The rules of a recipe's step-driven loop; the recipe's ``train()`` keeps the forward and backward.
+
+    ``for batch in loop.batches(loader)`` yields batches epoch after epoch until the step budget is
+    spent. The recipe calls :meth:`micro_step` after each backward and :meth:`optimizer_step` after
+    each step of the optimizer (when ``accelerator.sync_gradients``), which logs, evaluates and saves
+    on their cadences and stops the run, saved, when a signal reached any rank. An epoch that ends
+    evaluates and saves when those cadences are null, and the last step always does both.
+
+    Args:
+        accelerator: The run's Accelerator.
+        cfg: The run's config (``trainer`` cadences and budget, ``resume``; hashed into each checkpoint).
+        progress: The registered :class:`TrainingProgress` (already loaded on resume).
+        total_steps: Optimizer steps to train for.
+        evaluate: Returns the ``eval/*`` metrics over the whole eval split; None: no evaluation.
+        unit: What a batch counts in the throughput: ``train/<unit>_per_second``.
+        extra_logs: Given the throughput, more entries for each training log line (MFU, say).
+    """
+
+    def __init__(
+        self,
+        accelerator,
+        cfg: DictConfig,
+        *,
+        progress: TrainingProgress,
+        total_steps: int,
+        evaluate: Callable[[], dict[str, float]] | None,
+        unit: str = "samples",
+        extra_logs: Callable[[float], dict[str, float]] | None = None,
+    ) -> None:
+        trainer = cfg.trainer
+        self.accelerator, self.progress, self.total_steps = accelerator, progress, total_steps
+        self.log_every, self.eval_every, self.save_every = (
+            trainer.log_every_n_steps,
+            trainer.eval_every_n_steps,
+            trainer.checkpoint_every_n_steps,
+        )
+        self.evaluate_split, self.unit, self.extra_logs = evaluate, unit, extra_logs
+        self.config_sha256 = config_hash(cfg)
+        self.metrics: dict[str, float] = {}
+        self.reporter = ProgressReporter(
+            accelerator, total=total_steps, initial=progress.step, enabled=trainer.progress_bar
+        )
+        self.throughput = Throughput()
+        self.running_loss, self.micro_batches = progress.running_loss(accelerator), progress.micro_batches
+        self.last_eval, self.last_checkpoint = -1, progress.step if cfg.resume else -1
+
+    @property
+    def step(self) -> int:
+        return self.progress.step
+
+    def batches(self, loader: Iterable) -> Iterator[Any]:
+        """The loader's batches, epoch after epoch, until ``total_steps`` optimizer steps are taken."""
+        while self.step < self.total_steps:
+            for batch in loader:
+                yield batch
+                if self.step >= self.total_steps:
+                    break
+            else:  # the epoch ended (rather than the step budget)
+                if self.eval_every is None and self.last_eval != self.step:
+                    self.evaluate()
+                if self.save_every is None and self.last_checkpoint != self.step:
+                    self.checkpoint()
+        if self.last_eval != self.step:
+            self.evaluate()
+        if self.last_checkpoint != self.step:
+            self.checkpoint()
+        self.reporter.close()
+
+    def micro_step(self, loss, *, samples: int) -> None:
+        """After a backward: add ``loss`` to this rank's running loss, ``samples`` (per process) to the throughput."""
+        self.running_loss += loss.detach()
+        self.micro_batches += 1
+        self.throughput.add(samples * self.accelerator.num_processes)
+
+    def optimizer_step(self, *, lr: float) -> None:
+        """After an optimizer step: count it, then log, evaluate and save on their cadences; stop on a signal.
+
+        Raises:
+            preemption.Preempted: A stop signal reached some rank; every rank saved this step first.
+        """
+        self.progress.step += 1
+        self.reporter.advance()
+        if every(self.log_every, self.step):
+            self.log_training(lr=lr)
+        if every(self.eval_every, self.step):
+            self.evaluate()
+        if every(self.save_every, self.step):
+            self.checkpoint()
+        if preemption.agreed(self.accelerator, self.step):  # a stop signal reached some process: all stop here
+            if self.last_checkpoint != self.step:
+                self.checkpoint()
+            self.accelerator.wait_for_checkpoint()
+            raise preemption.Preempted(preemption.received() or "a peer's signal", self.step)
+
+    def log_training(self, *, lr: float) -> None:
+        """The mean loss over every rank's micro-batches since the last log (a collective), lr and throughput."""
+        mean_loss = self.accelerator.reduce(self.running_loss / self.micro_batches, reduction="mean").item()
+        self.running_loss.zero_()
+        self.micro_batches = 0
+        self.metrics["train/loss"] = mean_loss
+        rate = self.throughput.read()
+        logged = {"train/loss": mean_loss, "train/lr": lr, f"train/{self.unit}_per_second": rate}
+        if self.extra_logs is not None:
+            logged.update(self.extra_logs(rate))
+        self.accelerator.log(logged, step=self.step)
+        self.reporter.report(self.step, logged)
+
+    def evaluate(self) -> None:
+        if self.evaluate_split is None:
+            return
+        evaluated = self.evaluate_split()
+        self.metrics.update(evaluated)
+        self.accelerator.log(evaluated, step=self.step)
+        self.reporter.report(self.step, evaluated)
+        self.last_eval = self.step
+
+    def checkpoint(self) -> None:
+        self.progress.keep_running_loss(self.accelerator, self.running_loss, self.micro_batches)
+        self.accelerator.save_state(metadata={"step": self.step, "config_sha256": self.config_sha256})
+        self.last_checkpoint = self.step
+
+    def objective(self, metric: str) -> float | None:
+        """The final value of ``metric`` (``objective.metric``), or None if the run never logged it."""
+        if metric not in self.metrics:
+            logger.warning("The objective %s was never logged; the run returns no objective.", metric)
+        return self.metrics.get(metric)
+
+
 def total_optimizer_steps(trainer: DictConfig, batches_per_epoch: int) -> int:
     """``trainer.max_steps`` if set, else ``max_epochs`` epochs of optimizer steps.
 
@@ -81,17 +215,24 @@ def every(interval: int | None, step: int) -> bool:
 
 def build_optimizer(optimizer_cfg: DictConfig, parameters):
     """Instantiate a ``_partial_`` optimizer config with the model's parameters."""
-    return instantiate(optimizer_cfg)(parameters)
+    from runner.components import build, call
+
+    factory = build(optimizer_cfg, key="optimizer")
+    return call(factory, parameters, key="optimizer", target=optimizer_cfg._target_)
 
 
 def build_scheduler(scheduler_cfg: DictConfig | None, optimizer, total_steps: int):
     """Instantiate the scheduler config, giving it ``total_steps`` if it takes that argument; None if unset."""
+    from runner.components import build, call
+
     if scheduler_cfg is None:
         return None
-    factory = instantiate(scheduler_cfg)
+    factory = build(scheduler_cfg, key="scheduler")
     target = getattr(factory, "func", factory)
     takes_total = "total_steps" in inspect.signature(target).parameters
-    return factory(optimizer, total_steps=total_steps) if takes_total else factory(optimizer)
+    if takes_total:
+        factory = functools.partial(factory, total_steps=total_steps)
+    return call(factory, optimizer, key="scheduler", target=scheduler_cfg._target_)
 
 
 class Throughput:

@@ -21,6 +21,22 @@ def regression_data(n: int = 64, features: int = 8, seed: int = 0) -> TensorData
     return TensorDataset(x, x @ w + 0.1 * torch.randn(n, 1, generator=generator))
 
 
+class SampleCount:
+    """A plain metric (no torchmetrics): how many samples it saw, to tell each sample was counted once."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def update(self, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+        self.count += len(targets)
+
+    def compute(self) -> int:
+        return self.count
+
+    def reset(self) -> None:
+        self.count = 0
+
+
 def small_model(features: int = 8, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(features, 16), nn.Tanh(), nn.Linear(16, 1))

@@ -1,7 +1,11 @@
-"""Datasets the runner builds by name from the ``data`` config group.
+"""The built-in datasets, and the one call that prepares any declared dataset before workers start.
 
-This package's top level imports no torch, so the launcher can check data files before any worker
-starts; the dataset classes load on first use.
+``data.train`` and ``data.eval`` are ``_target_`` nodes; the presets in ``conf/data/`` point them at
+:class:`MNIST` and :class:`CharCorpus`. A dataset class may offer a ``prepare_data(...)`` classmethod
+taking its constructor's arguments (Lightning's name): :func:`prepare_datasets` calls it once, in the
+launching process, so downloads and checks never race between workers.
+
+This package's top level imports no torch; the dataset classes load on first use.
 """
 
 from __future__ import annotations
@@ -11,22 +15,70 @@ from pathlib import Path
 from runner.data.splits import SplitSpec, parse_split
 
 __all__ = [
+    "MNIST",
+    "CharCorpus",
     "DATASETS",
     "TEXT_DATASETS",
     "SplitSpec",
-    "build_dataset",
     "check_splits",
     "download_missing",
     "missing_files",
     "parse_split",
+    "prepare_datasets",
 ]
 
 TEXT_DATASETS = ("shakespeare_char",)  # character-level corpora, for the language_model recipe
 DATASETS = ("mnist", *TEXT_DATASETS)
+_LAZY = {"MNIST": "runner.data.mnist", "CharCorpus": "runner.data.text"}
+
+
+def __getattr__(name: str):
+    """``runner.data.MNIST`` and ``runner.data.CharCorpus`` import torch only when first used."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'runner.data' has no attribute {name!r}")
+
+
+_PREPARED: set[str] = set()  # the prepare_data calls this process made, so the command-line check's counts
+
+
+def prepare_datasets(data) -> None:
+    """Call ``prepare_data`` of ``data.train``'s and ``data.eval``'s dataset classes, where they offer one.
+
+    Each gets its node's arguments, resolved (and nested ``_target_`` nodes built), in place of the
+    constructor; a call with the same arguments is made once per process (the command-line check
+    and the run share it). Errors keep their own type; a rejected value becomes a ConfigError naming
+    the key.
+    """
+    import json
+
+    from omegaconf import OmegaConf
+
+    from runner.components import build
+    from runner.targets import locate
+
+    for split in ("train", "eval"):
+        node = data[split]
+        if node is None:
+            continue
+        key = f"data.{split}"
+        prepare = getattr(locate(node._target_, key=f"{key}._target_"), "prepare_data", None)
+        if not callable(prepare):
+            continue
+        arguments = OmegaConf.to_container(node, resolve=True)
+        arguments.pop("_partial_", None)
+        arguments["_target_"] = f"{node._target_}.prepare_data"
+        call = json.dumps(arguments, sort_keys=True, default=str)
+        if call in _PREPARED:
+            continue
+        build(OmegaConf.create(arguments), key=key, target=node._target_)
+        _PREPARED.add(call)
 
 
 def _unknown(name: str) -> ValueError:
-    return ValueError(f"data.name={name!r} is not a known dataset; use one of {', '.join(DATASETS)}.")
+    return ValueError(f"{name!r} is not a built-in dataset; use one of {', '.join(DATASETS)}.")
 
 
 def check_splits(
@@ -107,19 +159,3 @@ def download_missing(name: str, *, root: str, splits: list[str]) -> list[Path]:
     from runner.data.mnist_files import download_mnist
 
     return download_mnist(root, tuple(dict.fromkeys(parse_split(s).name for s in splits)))
-
-
-def build_dataset(name: str, *, root: str, split: str, download: bool = False, **options):
-    """The dataset ``name`` restricted to ``split`` (e.g. ``"test[:8000]"``).
-
-    Text datasets take ``block_size`` (characters per window) and ``val_fraction`` as ``options``.
-    """
-    if name == "mnist":
-        from runner.data.mnist import MNIST
-
-        return MNIST(root, split=split, download=download, **options)
-    if name in TEXT_DATASETS:
-        from runner.data.text import build_char_dataset
-
-        return build_char_dataset(root, split=split, download=download, **options)
-    raise _unknown(name)

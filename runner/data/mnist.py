@@ -84,6 +84,28 @@ class MNIST(Dataset):
         self.images = ((images[index].float() / 255.0 - MEAN) / STD).unsqueeze(1)
         self.labels = labels[index].long()
 
+    @classmethod
+    def prepare_data(cls, root: str | os.PathLike, split: str = "train", download: bool = False) -> None:
+        """Once, before the training processes start: fetch the split's files (``download``) or check they are there.
+
+        Raises:
+            ValueError: MNIST has no such split, or the slice selects no image.
+            FileNotFoundError: A file is missing and ``download`` is off.
+            DownloadError: No mirror delivered a file with its published checksum.
+        """
+        from runner.data import check_splits, download_missing, missing_files
+
+        check_splits("mnist", [split])
+        if download:
+            download_missing("mnist", root=str(root), splits=[split])
+            return
+        missing = missing_files("mnist", root=str(root), splits=[split])
+        if missing:
+            raise FileNotFoundError(
+                f"MNIST files {', '.join(missing)} are not in {root}; set data.root to the folder that holds them, "
+                "or data.download=true to fetch them."
+            )
+
     def __len__(self) -> int:
         return len(self.labels)
 

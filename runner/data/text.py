@@ -149,6 +149,65 @@ class CharWindows(Dataset):
         return window[:-1], window[1:]
 
 
+class CharCorpus(CharWindows):
+    """One split of a character-level corpus (``root/input.txt``) as windows: the language model's dataset.
+
+    ``conf/data/shakespeare_char.yaml`` declares it; the recipe reads ``vocab`` (for the model's size and
+    ``vocab.json``) from the train split.
+
+    Args:
+        root: Folder holding ``input.txt`` (any UTF-8 text; tiny-shakespeare downloads there).
+        split: ``train`` or ``val`` with an optional slice of the windows, e.g. ``val[:200]``.
+        block_size: Characters the model reads per window.
+        val_fraction: The last fraction of the characters that is the ``val`` split.
+        download: Fetch tiny-shakespeare (sha256-checked) when ``input.txt`` is missing.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        split: str = "train",
+        block_size: int,
+        val_fraction: float = 0.1,
+        download: bool = False,
+    ) -> None:
+        windows = build_char_dataset(
+            root, split=split, block_size=block_size, val_fraction=val_fraction, download=download
+        )
+        super().__init__(windows.tokens, block_size=block_size, stride=windows.stride, vocab=windows.vocab, split=split)
+        self.starts = windows.starts
+
+    @classmethod
+    def prepare_data(
+        cls,
+        root: str | os.PathLike,
+        *,
+        split: str = "train",
+        block_size: int,
+        val_fraction: float = 0.1,
+        download: bool = False,
+    ) -> None:
+        """Once, before the training processes start: fetch the corpus (``download``) or check it is there, and
+        check that the split's slice selects at least one window.
+
+        Raises:
+            ValueError: An unknown split, or a slice that selects no window of ``block_size + 1`` characters.
+            FileNotFoundError: ``input.txt`` is missing and ``download`` is off.
+        """
+        from runner.data import check_splits, download_missing, missing_files
+
+        check_splits("shakespeare_char", [split])
+        if download:
+            download_missing("shakespeare_char", root=str(root), splits=[split])
+        elif missing_files("shakespeare_char", root=str(root), splits=[split]):
+            raise FileNotFoundError(
+                f"{SHAKESPEARE_FILE} is not in {root}; set data.root to the folder that holds it, or "
+                "data.download=true to fetch tiny-shakespeare."
+            )
+        check_splits("shakespeare_char", [split], root=str(root), block_size=block_size, val_fraction=val_fraction)
+
+
 def split_tokens(tokens: torch.Tensor, val_fraction: float) -> dict[str, torch.Tensor]:
     """``train``: the first ``1 - val_fraction`` of the tokens (rounded down); ``val``: the rest."""
     if not 0 < val_fraction < 1:

@@ -165,7 +165,10 @@ def test_a_failing_worker_fails_the_run_with_its_error(tmp_path):
 
 def test_user_mistakes_found_before_launch_exit_2_without_a_traceback(tmp_path):
     for overrides, message in [
-        (['data.eval_split="test[20000:]"'], "data split 'test[20000:]' selects none of MNIST's 10000 test images."),
+        (
+            ['data.eval_split="test[20000:]"'],
+            "data.eval (runner.data.MNIST): Split 'test[20000:]' selects none of MNIST's 10000 test images.",
+        ),
         (["data.train_split=validation"], "MNIST has no split 'validation'"),
         (["trainer.mixed_precision=fp8"], "trainer.mixed_precision='fp8' needs an NVIDIA GPU"),
     ]:
@@ -179,7 +182,7 @@ def test_help_and_cfg_job(tmp_path):
     helped = run_cli("-X", "importtime", "-m", "runner", "--help", cwd=tmp_path, module=False)
     assert helped.returncode == 0
     assert (
-        "experiment: mnist, mnist_ddp, mnist_fsdp" in helped.stdout and "parallel:   none, ddp, fsdp" in helped.stdout
+        "experiment: mnist, mnist_ddp, mnist_fsdp" in helped.stdout and "parallel:   ddp, fsdp, none" in helped.stdout
     )
     imported = [line.rsplit("|", 1)[-1].strip() for line in helped.stderr.splitlines() if "|" in line]
     assert "hydra" in imported and not [m for m in imported if m.split(".")[0] == "torch"]

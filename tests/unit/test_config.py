@@ -13,6 +13,7 @@ GROUP_OPTIONS = sorted(
     for path in CONF_DIR.rglob("*.yaml")
     if path.parent != CONF_DIR and "hydra" not in path.relative_to(CONF_DIR).parts
 )
+MNIST = CONF_DIR.parents[1] / "shared" / "data" / "mnist"
 HYDRA_CONFIGS = sorted(path for path in (CONF_DIR / "hydra").rglob("*.yaml"))
 
 
@@ -91,6 +92,28 @@ def test_mnist_ddp_runs_two_processes_with_ddp():
             "recipe='classificaton' is neither a built-in recipe (did you mean 'classification'?)",
         ),
         (["trainer.max_grad_norm=-1"], "trainer.max_grad_norm=-1.0 must be positive (or null)."),
+        (
+            ["objective.metric=eval/acc"],
+            "objective.metric='eval/acc' is not logged by this run (did you mean 'eval/accuracy'?); choose one of "
+            "eval/loss, eval/accuracy, train/loss.",
+        ),
+        (
+            ["data.eval=null"],
+            "objective.metric='eval/accuracy' is not logged by this run (data.eval is null, so nothing is evaluated)",
+        ),
+        (["objective.direction=up"], "objective.direction='up' is not supported; use one of maximize, minimize."),
+        (["loss=nonsense"], "loss='nonsense' must be a _target_ node called as loss(outputs, targets)"),
+        (["data.train=null"], "data.train=None must be a node with a _target_ that builds the train dataset"),
+        (
+            ["+data.collate_fn._target_=torch.utils.data.default_collate"],
+            "data.collate_fn must be a _target_ node with _partial_: true",
+        ),  # fmt: skip
+        (["data.persistent_workers=true"], "data.persistent_workers=true needs worker processes"),
+        (
+            ["model._target_=runner.models.MnistCNNN"],
+            "model._target_='runner.models.MnistCNNN' does not import: runner.models has no 'MnistCNNN' (did you mean "
+            "'runner.models.MnistCNN'?); fix the dotted path.",
+        ),
     ],
 )
 def test_bad_overrides_get_one_sentence_naming_the_key(overrides, message):
@@ -102,7 +125,7 @@ def test_bad_overrides_get_one_sentence_naming_the_key(overrides, message):
 
 
 def test_sweeps_are_checked_with_their_first_value():
-    check_overrides(["optimizer.lr=1e-3,3e-3", "data.download=true"])
+    check_overrides(["optimizer.lr=1e-3,3e-3", f"data.root={MNIST}", 'data.train_split="test[:100]"'])
     with pytest.raises(ConfigError, match="did you mean 'optimizer.lr'"):
         check_overrides(["optimizer.lrr=1e-3,3e-3"])
 

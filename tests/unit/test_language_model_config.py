@@ -21,11 +21,14 @@ def composed(*overrides: str):
 )
 def test_shakespeare_experiments(experiment, processes, strategy):
     cfg = composed(f"experiment={experiment}")
-    assert (cfg.recipe, cfg.data.name, cfg.model._target_) == (
+    assert (cfg.recipe, cfg.data.train._target_, cfg.data.eval._target_, cfg.model._target_) == (
         "language_model",
-        "shakespeare_char",
+        "runner.data.CharCorpus",
+        "runner.data.CharCorpus",
         "runner.models.GPT",
     )
+    assert cfg.data.train.block_size == cfg.model.block_size == 64  # windows of the model's context
+    assert (cfg.objective.metric, cfg.objective.direction) == ("eval/loss", "minimize")
     assert (cfg.trainer.num_processes, cfg.parallel.strategy) == (processes, strategy)
     assert cfg.trainer.compile is False and "vocab_size" not in cfg.model  # the dataset supplies it
     if strategy == "fsdp":
@@ -39,8 +42,9 @@ def test_the_two_process_experiments_see_as_many_windows_as_the_single_one():
 
 def test_trainer_compile_defaults_off_and_mnist_configs_stay_valid():
     cfg = composed("trainer.compile=true")
-    assert cfg.trainer.compile is True and (cfg.data.val_fraction, cfg.data.samples_per_epoch) == (0.1, None)
-    check_overrides(["experiment=shakespeare_gpt", "data.download=true", "data.samples_per_epoch=1000"])
+    assert cfg.trainer.compile is True and (cfg.data.val_fraction, cfg.data.samples_per_epoch) == (None, None)
+    assert composed("data=shakespeare_char").data.val_fraction == 0.1
+    check_overrides(["experiment=shakespeare_gpt", f"data.root={SHAKESPEARE}", "data.samples_per_epoch=1000"])
 
 
 @pytest.mark.parametrize(
@@ -58,20 +62,31 @@ def test_trainer_compile_defaults_off_and_mnist_configs_stay_valid():
         (["experiment=shakespeare_gpt", "model.vocab_size=10"], "model.vocab_size is not a key of 'model'"),
         (
             ["experiment=shakespeare_gpt", "data.download=false", "data.root=/nowhere"],
-            "shakespeare_char files input.txt are not in /nowhere; set data.root to the folder that holds them",
+            "data.train (runner.data.CharCorpus): input.txt is not in /nowhere; set data.root to the folder that "
+            "holds it, or data.download=true to fetch tiny-shakespeare.",
         ),
         (
-            ["experiment=shakespeare_gpt", 'data.eval_split="test"'],
-            "shakespeare_char has no split 'test' ('test'); use 'train' or 'val' with an optional slice.",
+            ["experiment=shakespeare_gpt", 'data.train_split="test"'],
+            "data.train (runner.data.CharCorpus): shakespeare_char has no split 'test' ('test'); use 'train' or "
+            "'val' with an optional slice.",
         ),
-        (["recipe=language_model"], "recipe=language_model needs a text dataset, not data.name='mnist'; use data="),
+        (
+            ["recipe=language_model"],
+            "recipe=language_model trains on runner.data.CharCorpus (a character vocabulary and windows), not "
+            "data.train._target_='runner.data.MNIST'; use data=shakespeare_char",
+        ),
         (
             ["recipe=language_model", "data=shakespeare_char"],
             "recipe=language_model needs a model with a block_size; use model=gpt.",
         ),
-        (["data=shakespeare_char"], "recipe=classification cannot train on the text dataset 'shakespeare_char'"),
-        (["model=gpt"], "recipe=classification cannot train model=gpt, a language model; use recipe=language_model."),
-        (["data.samples_per_epoch=100"], "data.samples_per_epoch applies to text datasets, not data.name='mnist'"),
+        (["data=shakespeare_char"], "recipe=supervised cannot train on the text corpus runner.data.CharCorpus"),
+        (["model=gpt"], "recipe=supervised cannot train model=gpt, a language model; use recipe=language_model."),
+        (["recipe=classification", "model=gpt"], "recipe=classification cannot train model=gpt"),
+        (["data.samples_per_epoch=100"], "data.samples_per_epoch applies to recipe=language_model, not recipe=super"),
+        (
+            ["experiment=shakespeare_gpt", "+metrics.acc._target_=torchmetrics.MeanMetric"],
+            "recipe=language_model logs its own eval/loss and eval/perplexity; set metrics={}",
+        ),
     ],
 )
 def test_bad_language_model_settings_get_one_sentence(overrides, message):
@@ -85,7 +100,7 @@ def test_a_slice_beyond_the_corpus_windows_is_refused_before_launch():
     with pytest.raises(ConfigError) as info:
         check_overrides(["experiment=shakespeare_gpt", f"data.root={SHAKESPEARE}", 'data.eval_split="val[5000:]"'])
     assert str(info.value) == (
-        "data split 'val[5000:]' selects none of the 1742 windows of 65 characters in shakespeare_char's val split; "
-        "widen the slice, lower model.block_size or change data.val_fraction."
+        "data.eval (runner.data.CharCorpus): Split 'val[5000:]' selects none of the 1742 windows of 65 characters in "
+        "shakespeare_char's val split; widen the slice, lower model.block_size or change data.val_fraction."
     )
     check_overrides(["experiment=shakespeare_gpt", f"data.root={SHAKESPEARE}", 'data.eval_split="val[1741:]"'])

@@ -11,7 +11,7 @@ from runner import report
 from runner.app import check_plugins
 from runner.config import ConfigError
 from runner.lock import RunLock, is_locked
-from runner.sweeps import contiguous, plan, recipe_objective, swept_keys
+from runner.sweeps import contiguous, plan, swept_keys
 
 
 def _job(folder: Path, overrides: list[str], status: str, **extra) -> Path:
@@ -117,6 +117,22 @@ def test_an_option_whose_plugin_is_missing_names_the_extra_to_install(monkeypatc
     check_plugins(["hparams_search=null", "hydra/launcher=basic"])  # nothing needed
 
 
-def test_each_recipe_names_its_objective_and_direction():
-    assert recipe_objective("classification") == ("eval/accuracy", "maximize")
-    assert recipe_objective("language_model") == ("eval/loss", "minimize")
+@pytest.mark.parametrize(
+    ("overrides", "objective"),
+    [
+        ([], ("eval/accuracy", "maximize")),  # data=mnist declares accuracy and optimises it
+        (["experiment=mnist_ddp"], ("eval/accuracy", "maximize")),
+        (["experiment=shakespeare_gpt"], ("eval/loss", "minimize")),
+        (["objective.metric=eval/loss", "objective.direction=minimize"], ("eval/loss", "minimize")),
+    ],
+)
+def test_each_experiment_declares_its_objective_and_direction(overrides, objective):
+    from hydra import compose, initialize_config_dir
+
+    from runner.app import CONF_DIR
+    from runner.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    assert (cfg.objective.metric, cfg.objective.direction) == objective

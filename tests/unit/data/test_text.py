@@ -171,8 +171,10 @@ def test_missing_files_and_the_dataset_registry(corpus, tmp_path):
     assert runner.data.missing_files("shakespeare_char", root=str(corpus), splits=["train", "val"]) == []
     empty = tmp_path / "empty"
     assert runner.data.missing_files("shakespeare_char", root=str(empty), splits=["train"]) == ["input.txt"]
-    dataset = runner.data.build_dataset("shakespeare_char", root=str(corpus), split="val", block_size=8)
+    dataset = runner.data.CharCorpus(corpus, split="val", block_size=8)
     assert isinstance(dataset, CharWindows) and len(dataset) == 12
+    windows = build_char_dataset(corpus, split="val", block_size=8)
+    assert all(torch.equal(dataset[i][0], windows[i][0]) for i in range(12)) and dataset.vocab == windows.vocab
 
 
 # -------------------------------------------------------------------------------------------------- download

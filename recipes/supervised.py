@@ -1,0 +1,136 @@
+"""Supervised training of any declared model, datasets, loss and metrics: build -> prepare -> train
+(accumulate, backward, clip, step) -> evaluate -> save.
+
+python -m runner experiment=mnist
+python -m runner experiment=mnist_ddp trainer.mixed_precision=fp16
+runner --config-dir ./conf experiment=mine          # your own model, datasets, loss and metrics
+
+``recipe=classification`` is this recipe under its earlier name. Returns ``objective.metric``'s final value.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from runner.components import (
+    LABELS,
+    BatchError,
+    batch_size,
+    build,
+    build_datasets,
+    build_loaders,
+    build_loss,
+    compute_loss,
+    forward,
+    predictions,
+    split_batch,
+)
+from runner.engine import Accelerator, set_seed
+from runner.metrics import Metrics, build_metrics
+from runner.training import (
+    TrainingLoop,
+    TrainingProgress,
+    build_optimizer,
+    build_scheduler,
+    total_optimizer_steps,
+    write_metrics,
+)
+
+logger = logging.getLogger("runner")
+
+
+def evaluate(model, loader, accelerator: Accelerator, *, loss_fn, metrics: Metrics) -> dict[str, float]:
+    """The loss and every metric over each eval sample exactly once, across all processes.
+
+    Outputs and targets are gathered without the last batch's padding (every rank then holds every
+    sample), so the loss is the mean over samples and metrics update once on the gathered tensors.
+    A loss the model computes itself is a batch mean: it is weighed by the batch's samples.
+    """
+    model.eval()
+    metrics.reset()
+    total, count = torch.zeros((), device=accelerator.device), 0
+    with torch.no_grad():
+        for batch in loader:
+            inputs, targets = split_batch(batch, model_loss=loss_fn is None)
+            outputs = forward(model, inputs, targets, model_loss=loss_fn is None)
+            if loss_fn is None:
+                losses = compute_loss(None, outputs, None).detach().float().expand(batch_size(inputs))
+                losses = accelerator.gather_for_metrics(losses)
+                total, count = total + losses.sum(), count + len(losses)
+                if not metrics:
+                    continue
+                targets = inputs.get(LABELS) if isinstance(inputs, dict) else targets
+                if targets is None:
+                    raise BatchError(
+                        f"The metrics compare outputs with targets, but the dict batch has no {LABELS!r} entry; add "
+                        "it in the dataset or collate_fn, or declare no metrics."
+                    )
+                outputs, targets = accelerator.gather_for_metrics((predictions(outputs), targets))
+            else:
+                outputs, targets = accelerator.gather_for_metrics((predictions(outputs), targets))
+                total, count = total + loss_fn(outputs, targets).float() * len(outputs), count + len(outputs)
+            metrics.update(outputs, targets)
+    model.train()
+    return {"eval/loss": (total / max(count, 1)).item(), **metrics.compute()}
+
+
+def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
+    set_seed(cfg.seed)
+    datasets = build_datasets(cfg.data, accelerator)
+    model = build(cfg.model, key="model")
+    if cfg.trainer.compile:
+        model.compile()  # in place, before prepare: parameter names and checkpoints stay the plain model's
+    optimizer = build_optimizer(cfg.optimizer, model.parameters())
+    train_loader, eval_loader = build_loaders(cfg.data, seed=cfg.seed, datasets=datasets)
+    model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+    loss_fn, metrics = build_loss(cfg.loss), build_metrics(cfg.metrics, device=accelerator.device)
+    if isinstance(loss_fn, torch.nn.Module):
+        loss_fn.to(accelerator.device)
+    model_loss = loss_fn is None
+
+    total_steps = total_optimizer_steps(cfg.trainer, len(train_loader))
+    scheduler = build_scheduler(cfg.scheduler, optimizer.optimizer, total_steps)
+    if scheduler is not None:
+        scheduler = accelerator.prepare(scheduler)
+    progress = TrainingProgress()
+    accelerator.register_for_checkpointing(progress)
+    if cfg.resume:
+        accelerator.load_state(cfg.resume)
+        logger.info("Resumed at step %d (epoch %d) from %s", progress.step, train_loader.iteration, cfg.resume)
+    accelerator.init_trackers("", config=OmegaConf.to_container(cfg, resolve=True))
+
+    def evaluate_split() -> dict[str, float]:
+        return evaluate(model, eval_loader, accelerator, loss_fn=loss_fn, metrics=metrics)
+
+    loop = TrainingLoop(
+        accelerator, cfg, progress=progress, total_steps=total_steps,
+        evaluate=evaluate_split if eval_loader is not None else None,
+    )  # fmt: skip
+    max_grad_norm = cfg.trainer.max_grad_norm
+    model.train()
+    for batch in loop.batches(train_loader):
+        inputs, targets = split_batch(batch, model_loss=model_loss)
+        with accelerator.accumulate(model):
+            loss = compute_loss(loss_fn, forward(model, inputs, targets, model_loss=model_loss), targets)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and max_grad_norm:
+                accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            if scheduler is not None and accelerator.sync_gradients and not accelerator.optimizer_step_was_skipped:
+                scheduler.step()
+            optimizer.zero_grad()
+        loop.micro_step(loss, samples=batch_size(inputs))
+        if accelerator.sync_gradients:
+            loop.optimizer_step(lr=optimizer.param_groups[0]["lr"])
+
+    project_dir = Path(accelerator.project_dir)
+    accelerator.save_model(model, project_dir / "model")
+    if accelerator.is_main_process:
+        summary = {**loop.metrics, "step": progress.step, "epoch": train_loader.iteration}
+        write_metrics(project_dir / "metrics.json", summary)
+    accelerator.end_training()
+    return loop.objective(cfg.objective.metric)

@@ -1,0 +1,207 @@
+"""What a recipe builds from the config's ``_target_`` nodes, and how a batch meets the model and the loss.
+
+- :func:`build` instantiates one node; a constructor that rejects a value becomes one sentence
+  naming the config key (a bug inside the user's code keeps its traceback).
+- :func:`build_loaders` turns ``data.train`` / ``data.eval`` and the loader options into DataLoaders.
+- A batch is ``(inputs, targets)`` (inputs a tensor, a tuple or a dict of tensors) or a dict
+  (Hugging Face style, ``model(**batch)``). ``loss`` is called as ``loss(outputs, targets)``, or is
+  ``"model"`` when the model returns its own loss (``outputs.loss``, ``outputs["loss"]`` or a scalar).
+  For a dict batch with a ``loss`` node, its ``labels`` entry is the targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from runner.config import MODEL_COMPUTES_LOSS, ConfigError
+
+# Errors by which a constructor says a value is wrong; anything else raised inside is a bug (traceback).
+_REJECTIONS = (ValueError, TypeError, FileNotFoundError)
+LABELS = "labels"  # the targets of a dict batch (Hugging Face's name)
+
+
+class BatchError(ValueError):
+    """A batch, a model's output or a metric's result of a shape the recipe cannot use: one sentence saying
+    what arrived and what is expected."""
+
+
+def build(node, *, key: str, target: str | None = None, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate(node, **kwargs)``, with a rejected value reported as a ConfigError naming ``key``
+    (and ``target``, by default the node's).
+
+    Raises:
+        ConfigError: The constructor raised ValueError, TypeError or FileNotFoundError.
+    """
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    from runner.data.download import DataFileError, DownloadError
+
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as error:
+        cause = error.__cause__
+        if cause is None:  # Hydra's own complaint (a node it cannot call): its first line says which
+            raise ConfigError(f"{key}: {str(error).splitlines()[0]}") from None
+        if isinstance(cause, (DataFileError, DownloadError)) or not isinstance(cause, _REJECTIONS):
+            raise cause from None
+        raise rejected(key, target or node._target_, cause) from None
+
+
+def call(factory, *args: Any, key: str, target: str) -> Any:
+    """``factory(*args)`` for a built ``_partial_`` node (an optimizer given its parameters, say), with a
+    rejected value reported as a ConfigError naming ``key``."""
+    try:
+        return factory(*args)
+    except (ValueError, TypeError) as error:
+        raise rejected(key, target, error) from None
+
+
+def rejected(key: str, target: str, error: BaseException) -> ConfigError:
+    """One sentence for a constructor that rejected the values under ``key``.
+
+    A message that is a whole sentence (it ends with a period: ours say what to change) is kept as
+    it is; a terse one ("Invalid learning rate: -1.0") is told where to fix it.
+    """
+    message = str(error).splitlines()[0].strip() if str(error).strip() else type(error).__name__
+    if message.endswith("."):
+        return ConfigError(f"{key} ({target}): {message}")
+    return ConfigError(f"{key} ({target}) rejected its arguments: {message}; fix the {key}.* keys.")
+
+
+# ------------------------------------------------------------------------------------------------ data
+def build_loaders(data, *, seed: int, datasets: tuple[Any, Any]):
+    """The train loader (shuffled from ``seed`` when ``data.shuffle``) and the eval loader (None without one)."""
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    collate_fn = build(data.collate_fn, key="data.collate_fn") if data.collate_fn is not None else None
+    options = {
+        "num_workers": data.num_workers,
+        "collate_fn": collate_fn,
+        "pin_memory": data.pin_memory,
+        "persistent_workers": data.persistent_workers,
+    }
+    train_set, eval_set = datasets
+    iterable = isinstance(train_set, IterableDataset)  # an iterable dataset streams in its own order
+    shuffle = data.shuffle and not iterable
+    generator = torch.Generator().manual_seed(seed) if shuffle else None  # the prepared loader shuffles from it
+    train_loader = DataLoader(
+        train_set, batch_size=data.batch_size, shuffle=shuffle, drop_last=data.drop_last, generator=generator,
+        **options,
+    )  # fmt: skip
+    eval_loader = None
+    if eval_set is not None:
+        eval_loader = DataLoader(eval_set, batch_size=data.eval_batch_size, **options)
+    return train_loader, eval_loader
+
+
+def build_datasets(data, accelerator) -> tuple[Any, Any]:
+    """``data.train`` and ``data.eval`` (None when null), built on the main process first (caches, downloads)."""
+    with accelerator.main_process_first():
+        train_set = build(data.train, key="data.train")
+        eval_set = build(data.eval, key="data.eval") if data.eval is not None else None
+    return train_set, eval_set
+
+
+def build_loss(loss):
+    """The loss callable of ``loss`` (None for ``loss: model``)."""
+    return None if loss == MODEL_COMPUTES_LOSS else build(loss, key="loss")
+
+
+# --------------------------------------------------------------------------------------------- batches
+def split_batch(batch: Any, *, model_loss: bool) -> tuple[Any, Any]:
+    """``(inputs, targets)`` of a batch; for a dict batch, targets are its ``labels`` (None with ``loss: model``).
+
+    Raises:
+        BatchError: The batch is neither a pair nor a dict, or a dict without labels for a ``loss`` node.
+    """
+    if isinstance(batch, Mapping):
+        if model_loss:
+            return batch, None
+        if LABELS not in batch:
+            raise BatchError(
+                f"A dict batch (keys {', '.join(map(str, batch))}) needs a {LABELS!r} entry for the loss node to "
+                "compare against; add it in the dataset or collate_fn, or set loss=model if the model computes "
+                "its own loss."
+            )
+        return {k: v for k, v in batch.items() if k != LABELS}, batch[LABELS]
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise BatchError(
+        f"A batch arrived as {_describe(batch)}; the recipe expects (inputs, targets) or a dict of tensors "
+        "(model(**batch)); return one of those from the dataset's __getitem__ or from data.collate_fn."
+    )
+
+
+def forward(model, inputs: Any, targets: Any = None, *, model_loss: bool = False) -> Any:
+    """``model(inputs)``, ``model(*inputs)`` or ``model(**inputs)``; with ``loss: model`` the targets go along."""
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    extra = (targets,) if model_loss and targets is not None else ()
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs, *extra)
+    return model(inputs, *extra)
+
+
+def compute_loss(loss_fn, outputs: Any, targets: Any):
+    """``loss_fn(outputs, targets)``, or the loss the model returned (``loss_fn`` None).
+
+    Raises:
+        BatchError: The model was to return its loss but its output holds none.
+    """
+    import torch
+
+    if loss_fn is not None:
+        return loss_fn(outputs, targets)
+    loss = getattr(outputs, "loss", None)
+    if loss is None and isinstance(outputs, Mapping):
+        loss = outputs.get("loss")
+    if loss is None and isinstance(outputs, torch.Tensor) and outputs.dim() == 0:
+        loss = outputs
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise BatchError(
+            f"With loss=model the model must return its loss (outputs.loss, outputs['loss'] or a scalar tensor), "
+            f"but it returned {_describe(outputs)}; return the loss, or declare a loss node."
+        )
+    return loss
+
+
+def predictions(outputs: Any):
+    """What metrics and the eval loss see of a model's output: the tensor itself, or its ``logits``."""
+    import torch
+
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    logits = getattr(outputs, "logits", None)
+    if logits is None and isinstance(outputs, Mapping):
+        logits = outputs.get("logits")
+    if not isinstance(logits, torch.Tensor):
+        raise BatchError(
+            f"The model returned {_describe(outputs)}; metrics need a tensor or outputs with 'logits' to compare "
+            "with the targets."
+        )
+    return logits
+
+
+def batch_size(inputs: Any) -> int:
+    """The number of samples in ``inputs`` (a tensor, or the first tensor of a tuple or dict)."""
+    import torch
+
+    if isinstance(inputs, torch.Tensor):
+        return len(inputs)
+    values = inputs.values() if isinstance(inputs, Mapping) else inputs
+    return next((len(v) for v in values if isinstance(v, torch.Tensor) and v.dim() > 0), 0)
+
+
+def _describe(value: Any) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    if isinstance(value, Mapping):
+        return f"a {type(value).__name__} with keys {', '.join(map(str, value))}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)} ({', '.join(type(v).__name__ for v in value)})"
+    return f"a {type(value).__name__}"

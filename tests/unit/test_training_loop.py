@@ -1,0 +1,66 @@
+"""The step loop every recipe shares: step budget, cadences, the end-of-epoch rule, the running loss."""
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from runner.engine import Accelerator, ProjectConfiguration
+from runner.training import TrainingLoop, TrainingProgress
+
+
+def run_loop(tmp_path, *, batches: int, steps: int, accumulation: int = 1, **cadence):
+    """Drive a TrainingLoop over a loader of ``batches`` batches; return (evaluated steps, saved steps, loop)."""
+    accelerator = Accelerator(
+        gradient_accumulation_steps=accumulation,
+        project_config=ProjectConfiguration(str(tmp_path), automatic_checkpoint_naming=True),
+    )
+    model = torch.nn.Linear(1, 1)
+    torch.nn.init.zeros_(model.weight), torch.nn.init.zeros_(model.bias)  # a zero loss: the step count shows
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    data = torch.utils.data.TensorDataset(torch.ones(2 * batches, 1), torch.zeros(2 * batches, 1))
+    model, optimizer, loader = accelerator.prepare(model, optimizer, torch.utils.data.DataLoader(data, batch_size=2))
+    trainer = {"log_every_n_steps": None, "eval_every_n_steps": None, "checkpoint_every_n_steps": None,
+               "progress_bar": False, **cadence}  # fmt: skip
+    cfg = OmegaConf.create({"trainer": trainer, "resume": None})
+    progress = TrainingProgress()
+    accelerator.register_for_checkpointing(progress)
+    evaluated = []
+    loop = TrainingLoop(
+        accelerator, cfg, progress=progress, total_steps=steps,
+        evaluate=lambda: evaluated.append(progress.step) or {"eval/loss": float(progress.step)},
+    )  # fmt: skip
+    for inputs, targets in loop.batches(loader):
+        with accelerator.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(inputs), targets) + progress.step  # tells the steps apart
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        loop.micro_step(loss, samples=len(inputs))
+        if accelerator.sync_gradients:
+            loop.optimizer_step(lr=0.0)
+    manifests = sorted((tmp_path / "checkpoints").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime_ns)
+    saved = [json.loads(p.read_text())["step"] for p in manifests]
+    return evaluated, saved, loop
+
+
+@pytest.mark.parametrize(
+    ("cadence", "evaluated", "saved"),
+    [
+        ({}, [5, 10, 12], [5, 10, 12]),  # null cadences: at each epoch's end, and the last step
+        ({"eval_every_n_steps": 4, "checkpoint_every_n_steps": 6}, [4, 8, 12], [6, 12]),
+        ({"eval_every_n_steps": 5}, [5, 10, 12], [5, 10, 12]),
+    ],
+)
+def test_evaluations_and_checkpoints_fall_on_their_cadence_and_the_last_step(tmp_path, cadence, evaluated, saved):
+    got_evaluated, got_saved, loop = run_loop(tmp_path, batches=5, steps=12, **cadence)
+    assert (got_evaluated, got_saved) == (evaluated, saved)
+    assert loop.step == 12 and loop.metrics == {"eval/loss": 12.0} and loop.objective("eval/loss") == 12.0
+
+
+def test_the_running_loss_is_the_mean_over_the_micro_batches_since_the_last_log(tmp_path):
+    _, _, loop = run_loop(tmp_path, batches=6, steps=3, accumulation=2, log_every_n_steps=3)
+    # Steps 0, 1, 2 each took two micro-batches of loss 0 + the step count before them.
+    assert loop.metrics["train/loss"] == pytest.approx((0 + 0 + 1 + 1 + 2 + 2) / 6)
+    assert loop.objective("eval/accuracy") is None
