@@ -17,8 +17,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from runner.components import (
-    LABELS,
-    BatchError,
     batch_size,
     build,
     build_datasets,
@@ -26,6 +24,7 @@ from runner.components import (
     build_loss,
     compute_loss,
     forward,
+    labels,
     predictions,
     split_batch,
 )
@@ -46,32 +45,28 @@ logger = logging.getLogger("runner")
 def evaluate(model, loader, accelerator: Accelerator, *, loss_fn, metrics: Metrics) -> dict[str, float]:
     """The loss and every metric over each eval sample exactly once, across all processes.
 
-    Outputs and targets are gathered without the last batch's padding (every rank then holds every
-    sample), so the loss is the mean over samples and metrics update once on the gathered tensors.
-    A loss the model computes itself is a batch mean: it is weighed by the batch's samples.
+    Predictions (the outputs, or their logits) and targets are gathered without the last batch's
+    padding, so every rank holds every sample: the loss is the mean over samples, and the metrics
+    update once on the gathered tensors. A loss the model computes itself is a batch mean: it is
+    weighed by the batch's samples.
     """
+    model_loss = loss_fn is None
     model.eval()
     metrics.reset()
     total, count = torch.zeros((), device=accelerator.device), 0
     with torch.no_grad():
         for batch in loader:
-            inputs, targets = split_batch(batch, model_loss=loss_fn is None)
-            outputs = forward(model, inputs, targets, model_loss=loss_fn is None)
-            if loss_fn is None:
+            inputs, targets = split_batch(batch, model_loss=model_loss)
+            outputs = forward(model, inputs, targets, model_loss=model_loss)
+            if model_loss:
                 losses = compute_loss(None, outputs, None).detach().float().expand(batch_size(inputs))
                 losses = accelerator.gather_for_metrics(losses)
                 total, count = total + losses.sum(), count + len(losses)
                 if not metrics:
                     continue
-                targets = inputs.get(LABELS) if isinstance(inputs, dict) else targets
-                if targets is None:
-                    raise BatchError(
-                        f"The metrics compare outputs with targets, but the dict batch has no {LABELS!r} entry; add "
-                        "it in the dataset or collate_fn, or declare no metrics."
-                    )
-                outputs, targets = accelerator.gather_for_metrics((predictions(outputs), targets))
-            else:
-                outputs, targets = accelerator.gather_for_metrics((predictions(outputs), targets))
+                targets = labels(inputs, targets)
+            outputs, targets = accelerator.gather_for_metrics((predictions(outputs), targets))
+            if not model_loss:
                 total, count = total + loss_fn(outputs, targets).float() * len(outputs), count + len(outputs)
             metrics.update(outputs, targets)
     model.train()

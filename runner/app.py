@@ -292,13 +292,14 @@ def _group_options(search: list[str]) -> str:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.object_type import ObjectType
 
-    loader = GlobalHydra.instance().config_loader()
-    found = loader.get_group_options("", results_filter=ObjectType.GROUP, config_name=CONFIG_NAME, overrides=search)
+    # One repository over the whole search path, read once (Hydra's public call rebuilds it per group).
+    _, repository = GlobalHydra.instance().config_loader()._parse_overrides_and_create_caching_repo(CONFIG_NAME, search)
+    found = repository.get_group_options("", results_filter=ObjectType.GROUP)
     names = [g for g in dict.fromkeys(("experiment", *_GROUPS)) if g in found] + ["hparams_search"]
     names += sorted(g for g in found if g not in names and g not in ("hydra", "schema"))
     lines = []
     for group in names:
-        options = loader.get_group_options(group, config_name=CONFIG_NAME, overrides=search)
+        options = repository.get_group_options(group, results_filter=ObjectType.CONFIG)
         note = "   (with -m; the optuna extra)" if group == "hparams_search" else ""
         lines.append(f"  {group + ':':<11} {', '.join(options)}{note}")
     return "\n".join(lines)

@@ -135,6 +135,22 @@ def split_batch(batch: Any, *, model_loss: bool) -> tuple[Any, Any]:
     )
 
 
+def labels(inputs: Any, targets: Any) -> Any:
+    """The targets metrics compare with: ``targets``, or a dict batch's ``labels`` when the model took them.
+
+    Raises:
+        BatchError: A dict batch without labels.
+    """
+    if targets is not None or not isinstance(inputs, Mapping):
+        return targets
+    if LABELS not in inputs:
+        raise BatchError(
+            f"The metrics compare outputs with targets, but the dict batch (keys {', '.join(map(str, inputs))}) has "
+            f"no {LABELS!r} entry; add it in the dataset or collate_fn, or declare no metrics."
+        )
+    return inputs[LABELS]
+
+
 def forward(model, inputs: Any, targets: Any = None, *, model_loss: bool = False) -> Any:
     """``model(inputs)``, ``model(*inputs)`` or ``model(**inputs)``; with ``loss: model`` the targets go along."""
     if isinstance(inputs, Mapping):

@@ -12,6 +12,7 @@ from runner.components import (
     build_loaders,
     compute_loss,
     forward,
+    labels,
     predictions,
     split_batch,
 )
@@ -125,3 +126,14 @@ def test_loaders_take_every_declared_option():
     again, _ = build_loaders(data, seed=3, datasets=(samples, None))
     assert [b[1].tolist() for b in train] == [b[1].tolist() for b in again]  # the shuffle follows the seed
     assert build_loaders(data, seed=3, datasets=(samples, None))[1] is None
+
+
+def test_metrics_compare_with_the_targets_or_a_dict_batchs_labels():
+    y = torch.arange(3)
+    assert labels(torch.zeros(3), y) is y and labels({"features": torch.zeros(3), "labels": y}, None) is y
+    with pytest.raises(BatchError) as error:
+        labels({"features": torch.zeros(3)}, None)
+    assert str(error.value) == (
+        "The metrics compare outputs with targets, but the dict batch (keys features) has no 'labels' entry; add it "
+        "in the dataset or collate_fn, or declare no metrics."
+    )
