@@ -328,7 +328,8 @@ def _check_data(cfg: DictConfig) -> None:
 
 def _check_loss_and_metrics(cfg: DictConfig) -> None:
     loss = cfg.loss
-    if not (loss == MODEL_COMPUTES_LOSS or _is_node(loss)):
+    supervised = RECIPES.get(cfg.recipe) == RECIPES["supervised"]
+    if not (loss == MODEL_COMPUTES_LOSS or _is_node(loss) or (loss is None and not supervised)):
         raise ConfigError(
             f"loss={loss!r} must be a _target_ node called as loss(outputs, targets) (e.g. "
             "{_target_: torch.nn.CrossEntropyLoss}), or 'model' when the model returns its own loss."

@@ -103,6 +103,7 @@ def test_mnist_ddp_runs_two_processes_with_ddp():
         ),
         (["objective.direction=up"], "objective.direction='up' is not supported; use one of maximize, minimize."),
         (["loss=nonsense"], "loss='nonsense' must be a _target_ node called as loss(outputs, targets)"),
+        (["loss=null"], "loss=None must be a _target_ node called as loss(outputs, targets)"),
         (["data.train=null"], "data.train=None must be a node with a _target_ that builds the train dataset"),
         (
             ["+data.collate_fn._target_=torch.utils.data.default_collate"],
