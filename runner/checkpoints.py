@@ -1,7 +1,8 @@
 """List a run's checkpoints: ``python -m runner.checkpoints <run folder>``.
 
 Prints one line per ``checkpoints/checkpoint_N`` folder: its number, step, epoch, when it was saved,
-its size, and whether it is intact (manifest present, every file complete and matching its sha256).
+its size, and whether it is intact (manifest present and undamaged, every file complete and matching
+its sha256), damaged (with the sentence saying why), incomplete, or a symbolic link (ignored).
 """
 
 from __future__ import annotations
@@ -18,28 +19,43 @@ from runner.engine.constants import CHECKPOINTS_DIR, MANIFEST_NAME
 def describe(run_dir: Path, *, verify_checksums: bool = True) -> list[dict]:
     """One record per checkpoint folder of ``run_dir``, oldest first."""
     folder = run_dir / CHECKPOINTS_DIR
-    found = sorted((n, p) for p in folder.iterdir() if p.is_dir() and (n := checkpoint_number(p)) is not None)
+    found = sorted((n, p) for p in folder.iterdir() if (n := checkpoint_number(p)) is not None and p.is_dir())
     records = []
     for number, path in found:
         record = {"name": path.name, "number": number, "step": None, "epoch": None, "saved": None, "bytes": None}
-        try:
-            manifest = read_manifest(path, verify_checksums=verify_checksums)
-        except CheckpointError as error:
-            record["status"] = "damaged: " + str(error).replace(f"{path}/", "").replace(f"{path} ", "")
-            if (path / MANIFEST_NAME).is_file():
-                _fill(record, json.loads((path / MANIFEST_NAME).read_text()))
-            else:
-                record["status"] = f"incomplete: no {MANIFEST_NAME}"
+        if path.is_symlink():
+            record["status"] = "ignored: a symbolic link, not a checkpoint of this run"
+        elif not (path / MANIFEST_NAME).is_file():
+            record["status"] = f"incomplete: no {MANIFEST_NAME}"
         else:
-            record["status"] = "intact"
-            _fill(record, manifest)
+            try:
+                _fill(record, read_manifest(path, verify_checksums=verify_checksums))
+                record["status"] = "intact"
+            except CheckpointError as error:
+                record["status"] = "damaged: " + str(error).replace(f"{path}/", "").replace(f"{path} ", "")
+                _fill(record, _readable_part(path / MANIFEST_NAME))
         records.append(record)
     return records
 
 
+def _readable_part(manifest_path: Path) -> dict:
+    """What can still be shown of a damaged manifest: its step, epoch, date and sizes where they have their types."""
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
 def _fill(record: dict, manifest: dict) -> None:
-    record.update(step=manifest.get("step"), epoch=manifest.get("epoch"), saved=manifest.get("created"))
-    record["bytes"] = sum(int(entry["bytes"]) for entry in manifest.get("files", {}).values())
+    for key, field in (("step", "step"), ("epoch", "epoch"), ("saved", "created")):
+        value = manifest.get(field)
+        record[key] = value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+    files = manifest.get("files")
+    sizes = (
+        [entry.get("bytes") for entry in files.values() if isinstance(entry, dict)] if isinstance(files, dict) else []
+    )
+    record["bytes"] = sum(sizes) if sizes and all(type(size) is int for size in sizes) else None
 
 
 def _size(count: int | None) -> str:

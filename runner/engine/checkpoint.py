@@ -4,6 +4,11 @@ A checkpoint exists only when complete. Every rank writes into ``<name>.incomple
 finished, rank 0 writes ``manifest.json`` last and renames the folder to its final name. A folder
 without a manifest is never loaded or counted, and rotation deletes only committed checkpoints, only
 after the new one is committed, and never the one this run was loaded from.
+
+A checkpoint folder is data: its manifest records the format the run's strategy wrote
+(``state_format``) and what it holds, and loading follows that record, never the files it finds
+(see runner.engine.manifest). A ``checkpoint_N`` that is a symbolic link is never loaded, counted or
+deleted through.
 """
 
 from __future__ import annotations
@@ -29,20 +34,22 @@ from runner.engine import sharded_state
 from runner.engine.constants import (
     CHECKPOINT_PREFIX,
     CHECKPOINTS_DIR,
-    CUSTOM_STATE_NAME,
-    GRADIENTS_NAME,
+    DCP_METADATA_NAME,
     INCOMPLETE_SUFFIX,
     MANIFEST_NAME,
     MODEL_NAME,
     OPTIMIZER_NAME,
-    RNG_STATE_NAME,
     SCALER_NAME,
     SCHEDULER_NAME,
+    custom_state_name,
+    gradients_name,
+    indexed_name,
+    rng_state_name,
 )
 from runner.engine.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
 from runner.engine.ops import broadcast_object_list, gather_object
 from runner.engine.rng import get_rng_state, set_rng_state, set_seed
-from runner.engine.serialization import load_safetensors, save_safetensors
+from runner.engine.serialization import load_safetensors, save_safetensors, torch_save
 
 _CHECKPOINT_RE = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
 
@@ -89,12 +96,22 @@ def is_committed(path: str | os.PathLike) -> bool:
 
 
 def committed_checkpoints(checkpoints_dir: str | os.PathLike) -> list[Path]:
-    """The committed ``checkpoint_N`` folders in ``checkpoints_dir``, oldest first; anything else is ignored."""
+    """The committed ``checkpoint_N`` folders in ``checkpoints_dir``, oldest first; anything else is ignored.
+
+    A ``checkpoint_N`` that is a symbolic link is ignored too, with a warning: resuming or rotating
+    through it would read or delete a folder outside the run.
+    """
     directory = Path(checkpoints_dir)
     if not directory.is_dir():
         return []
-    found = [(checkpoint_number(p), p) for p in directory.iterdir() if p.is_dir()]
-    return [p for n, p in sorted(found, key=lambda item: item[0] or 0) if n is not None and is_committed(p)]
+    found = []
+    for path in directory.iterdir():
+        number = checkpoint_number(path)
+        if number is not None and path.is_symlink():
+            warnings.warn(f"Ignoring {path}: it is a symbolic link, not a checkpoint of this run.", stacklevel=2)
+        elif number is not None and path.is_dir() and is_committed(path):
+            found.append((number, path))
+    return [path for _, path in sorted(found)]
 
 
 def newest_checkpoint_number(checkpoints_dir: str | os.PathLike) -> int | None:
@@ -149,18 +166,9 @@ def checkpoints_dir(project_dir: str | os.PathLike) -> Path:
     return Path(project_dir) / CHECKPOINTS_DIR
 
 
-def indexed_name(stem: str, index: int, suffix: str) -> str:
-    """``model.safetensors``, ``model_1.safetensors``, ...: the first object has no index."""
-    return f"{stem}{suffix}" if index == 0 else f"{stem}_{index}{suffix}"
-
-
-def rng_state_name(rank: int) -> str:
-    return f"{RNG_STATE_NAME}_{rank}.pt"
-
-
 def _torch_save_atomically(obj: Any, path: Path) -> None:
     partial = path.with_name(path.name + ".tmp")
-    torch.save(obj, partial)
+    torch_save(obj, partial)
     os.replace(partial, path)
 
 
@@ -223,10 +231,11 @@ def save_training_state(
             "save_state under FSDP needs a gradient accumulation cycle boundary (sharded gradients pending "
             "between syncs are not saved); save when accelerator.sync_gradients is True."
         )
+    metadata = metadata or {}
+    manifests.check_metadata(metadata)
     staging = staging_dir(target)
     if rank == 0:
-        if staging.exists():
-            shutil.rmtree(staging)  # left by a save that crashed; never a committed checkpoint
+        _remove_folder(staging)  # left by a save that crashed; never a committed checkpoint
         staging.mkdir(parents=True)
     barrier()  # the staging folder exists before anyone writes into it
     from torch.distributed.checkpoint.api import CheckpointException
@@ -243,7 +252,14 @@ def save_training_state(
     _raise_if_failed(first_failure(failure), staging, target, rank)
 
     def commit() -> None:
-        manifests.write_manifest(staging, world_size=world_size, iteration=iteration, metadata=metadata or {})
+        manifests.write_manifest(
+            staging,
+            world_size=world_size,
+            iteration=iteration,
+            state_format="dcp" if state.fsdp == "sharded" else "safetensors",
+            contents=_contents(state, metadata),
+            metadata=metadata,
+        )
         _commit(staging, target)
         if after_commit is not None:
             after_commit()
@@ -254,10 +270,32 @@ def save_training_state(
     if rank == 0:
         try:
             commit()
-        except OSError as error:  # hashing, the manifest or the rename; a committed checkpoint is complete
+        except (OSError, CheckpointError) as error:  # hashing, the manifest, a link a hook left, or the rename
             failure = f"rank 0: {_reason(error)}"
     _raise_if_failed(first_failure(failure), staging, target, rank)  # nobody moves on before the commit
     return None
+
+
+def _contents(state: TrainingState, metadata: dict[str, Any]) -> dict[str, Any]:
+    """What the checkpoint holds, for its manifest: loading checks the listed files against it."""
+    saved_weights = state.fsdp != "sharded" and state.weights is not None  # hooks may have removed some
+    return {
+        "models": len(state.weights) if saved_weights else len(state.models),
+        "optimizers": len(state.optimizers),
+        "schedulers": len(state.schedulers),
+        "custom_objects": len(state.custom_objects),
+        "dataloaders": len(metadata.get("dataloaders", [])),
+        "scaler": state.scaler is not None,
+        "gradients": state.save_gradients,
+    }
+
+
+def _remove_folder(path: Path) -> None:
+    """Remove a folder of ours; a symbolic link in its place is removed itself, never followed."""
+    if path.is_symlink():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
 
 
 def _raise_if_failed(failure: str | None, staging: Path, target: Path, rank: int) -> None:
@@ -292,7 +330,7 @@ def _reason(error: BaseException) -> str:
     first = next(iter((getattr(error, "failures", None) or {}).values()), None)
     if isinstance(first, tuple) and isinstance(first[0], OSError):
         return _reason(first[0])
-    return str(error).splitlines()[0]
+    return str(error).splitlines()[0].rstrip(".")  # inside our sentence, in parentheses
 
 
 def _write_main_state(staging: Path, state: TrainingState, optimizer_states: list | None = None) -> None:
@@ -308,11 +346,7 @@ def _write_main_state(staging: Path, state: TrainingState, optimizer_states: lis
     if state.scaler is not None:
         _torch_save_atomically(state.scaler.state_dict(), staging / SCALER_NAME)
     for i, obj in enumerate(state.custom_objects):
-        _torch_save_atomically(obj.state_dict(), staging / f"{CUSTOM_STATE_NAME}_{i}.pt")
-
-
-def gradients_name(rank: int) -> str:
-    return f"{GRADIENTS_NAME}_{rank}.safetensors"
+        _torch_save_atomically(obj.state_dict(), staging / custom_state_name(i))
 
 
 def _gradients(models: Sequence[torch.nn.Module]) -> dict[str, torch.Tensor]:
@@ -340,11 +374,10 @@ def _commit(staging: Path, target: Path) -> None:
     # An explicit output_dir that already holds a checkpoint: swap, then delete the old one, so a
     # crash at any moment leaves either the old or the new checkpoint intact.
     previous = target.with_name(target.name + ".previous")
-    if previous.exists():
-        shutil.rmtree(previous)
+    _remove_folder(previous)
     os.replace(target, previous)
     os.replace(staging, target)
-    shutil.rmtree(previous)
+    _remove_folder(previous)
 
 
 def engine_metadata(loaders: Sequence[Any], optimizers: Sequence[Any], gradient_state: Any) -> dict[str, Any]:
@@ -378,19 +411,43 @@ def restore_engine_metadata(
 
 
 def rotate_checkpoints(directory: Path, *, total_limit: int, protect: Path | None = None) -> list[Path]:
-    """Delete committed checkpoints older than the newest ``total_limit``, except ``protect``.
+    """Delete intact checkpoints older than the newest ``total_limit`` intact ones, except ``protect``.
+
+    Only intact checkpoints count, so a damaged one never takes the place of one that loads; damaged
+    ones are left as they are (with a warning), for a person to look at. Rotation runs after every
+    commit, so "intact" is the cheap check, ``read_manifest(verify_checksums=False)``: the manifest's
+    fields and digest, its files against what it records, no symbolic links, and every size; not
+    the sha256 of every file of every kept checkpoint on each save. Symbolic links named
+    ``checkpoint_N`` are neither counted nor followed (see :func:`committed_checkpoints`), and a
+    folder that cannot be deleted is warned about: the new checkpoint is committed either way.
 
     Returns:
         The folders deleted.
     """
-    checkpoints = committed_checkpoints(directory)
-    keep = {path.resolve() for path in checkpoints[-total_limit:]}
+    intact = [path for path in committed_checkpoints(directory) if _is_intact_by_size(path)]
+    keep = {path.resolve() for path in intact[-total_limit:]}
     if protect is not None:
         keep.add(protect.resolve())
-    deleted = [path for path in checkpoints if path.resolve() not in keep]
-    for path in deleted:
-        shutil.rmtree(path)
+    deleted = []
+    for path in intact:
+        if path.resolve() in keep:
+            continue
+        try:
+            shutil.rmtree(path)  # refuses a symbolic link swapped in since the listing
+        except OSError as error:
+            warnings.warn(f"Rotation could not delete {path} ({_reason(error)}); delete it by hand.", stacklevel=2)
+        else:
+            deleted.append(path)
     return deleted
+
+
+def _is_intact_by_size(checkpoint: Path) -> bool:
+    try:
+        read_manifest(checkpoint, verify_checksums=False)
+    except CheckpointError as error:
+        warnings.warn(f"Rotation keeps {checkpoint.name} without counting it: {error}", stacklevel=3)
+        return False
+    return True
 
 
 def load_training_state(
@@ -416,7 +473,12 @@ def load_training_state(
         CheckpointError: The folder is incomplete or damaged, or holds a different set of objects.
     """
     manifest = read_manifest(checkpoint, verify_checksums=verify_checksums)
-    files = manifest["files"]
+    if manifest["state_format"] == "dcp" and state.fsdp is None:
+        raise CheckpointError(
+            f"{checkpoint} holds FSDP's sharded model and optimizer state, but the prepared models are not sharded; "
+            "prepare them with an FSDP plugin (on any number of processes) to load it."
+        )
+    files, contents = manifest["files"], manifest["contents"]
     saved_world = manifest["world_size"]
     mid_cycle = manifest.get("accumulation_step", 0) % manifest.get("accumulation_steps", 1) != 0
     if mid_cycle and (saved_world != world_size or manifest.get("accumulation_steps") != accumulation_steps):
@@ -425,21 +487,21 @@ def load_training_state(
             f"with gradient_accumulation_steps={manifest.get('accumulation_steps')}; resume it with the same "
             "settings, or save at a cycle boundary to change them."
         )
-    saved_models = [name for name in files if re.fullmatch(rf"{MODEL_NAME}(_\d+)?(\.safetensors|/\.metadata)", name)]
-    if len(saved_models) != len(state.models):
+    if contents["models"] != len(state.models):
         raise CheckpointError(
-            f"{checkpoint} holds {len(saved_models)} model(s) but {len(state.models)} were prepared; prepare "
+            f"{checkpoint} holds {contents['models']} model(s) but {len(state.models)} were prepared; prepare "
             "the same models as the run that saved it."
         )
+    dcp = manifest["state_format"] == "dcp"
     for i, model in enumerate(state.models):
-        _load_model_state(checkpoint, i, model, files, sharded_model=state.fsdp is not None)
+        _load_model_state(checkpoint, i, model, files, dcp=dcp, sharded_model=state.fsdp is not None)
     for i, optimizer in enumerate(state.optimizers):
-        _load_optimizer_state(checkpoint, i, optimizer, state, files)
+        _load_optimizer_state(checkpoint, i, optimizer, state, files, dcp=dcp)
     _load_each(checkpoint, state.schedulers, SCHEDULER_NAME, ".bin", files)
-    if state.scaler is not None and SCALER_NAME in files:
+    if state.scaler is not None and contents["scaler"]:
         state.scaler.load_state_dict(_torch_load(checkpoint / SCALER_NAME))
     for i, obj in enumerate(state.custom_objects):
-        name = f"{CUSTOM_STATE_NAME}_{i}.pt"
+        name = custom_state_name(i)
         if name not in files:
             raise CheckpointError(f"{checkpoint} has no {name} for registered object {i}; register the same objects.")
         obj.load_state_dict(_torch_load(checkpoint / name))
@@ -466,12 +528,19 @@ def _load_gradients(path: Path, models: Sequence[torch.nn.Module]) -> None:
             parameter.grad = None if saved is None else saved.to(parameter.device, parameter.dtype)
 
 
-def _load_model_state(checkpoint: Path, i: int, model: torch.nn.Module, files: dict, *, sharded_model: bool) -> None:
-    """Model ``i`` from DCP shards (saved under FSDP) or safetensors, into a sharded or plain model."""
+def _listed_in(files: dict, folder: str) -> set[str]:
+    """The names of the files the manifest lists in a DCP ``folder`` (its ``.metadata`` aside)."""
+    return {name[len(folder) + 1 :] for name in files if name.startswith(f"{folder}/")} - {DCP_METADATA_NAME}
+
+
+def _load_model_state(
+    checkpoint: Path, i: int, model: torch.nn.Module, files: dict, *, dcp: bool, sharded_model: bool
+) -> None:
+    """Model ``i`` from DCP shards (saved under sharded FSDP) or safetensors, into a sharded or plain model."""
     folder = indexed_name(MODEL_NAME, i, "")
     try:
-        if f"{folder}/.metadata" in files:
-            sharded_state.load_model(checkpoint / folder, model)
+        if dcp:
+            sharded_state.load_model(checkpoint / folder, model, listed=_listed_in(files, folder))
             return
         path = checkpoint / indexed_name(MODEL_NAME, i, ".safetensors")
         if sharded_model:
@@ -487,14 +556,16 @@ def _load_model_state(checkpoint: Path, i: int, model: torch.nn.Module, files: d
     _load_model(path, model)
 
 
-def _load_optimizer_state(checkpoint: Path, i: int, optimizer: Any, state: TrainingState, files: dict) -> None:
+def _load_optimizer_state(
+    checkpoint: Path, i: int, optimizer: Any, state: TrainingState, files: dict, *, dcp: bool
+) -> None:
     folder = indexed_name(OPTIMIZER_NAME, i, "")
-    if f"{folder}/.metadata" in files:
-        sharded_state.load_optimizer(checkpoint / folder, optimizer, state.models)
-        return
-    name = indexed_name(OPTIMIZER_NAME, i, ".bin")
+    name = f"{folder}/{DCP_METADATA_NAME}" if dcp else indexed_name(OPTIMIZER_NAME, i, ".bin")
     if name not in files:
         raise CheckpointError(f"{checkpoint} has no {name}; prepare the same objects as the run that saved it.")
+    if dcp:
+        sharded_state.load_optimizer(checkpoint / folder, optimizer, state.models, listed=_listed_in(files, folder))
+        return
     saved = _torch_load(checkpoint / name)
     if state.fsdp is not None:  # a full optimizer state, keyed by parameter name
         sharded_state.load_optimizer(saved, optimizer, state.models)

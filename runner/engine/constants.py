@@ -16,6 +16,7 @@ RNG_STATE_NAME = "random_states"
 GRADIENTS_NAME = "gradients"  # gradients_{rank}.safetensors, only mid accumulation cycle
 CUSTOM_STATE_NAME = "custom_checkpoint"
 MANIFEST_NAME = "manifest.json"
+DCP_METADATA_NAME = ".metadata"  # in each DCP folder (model/, optimizer/, ...) of a sharded checkpoint
 
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_PREFIX = "checkpoint_"
@@ -24,3 +25,20 @@ INCOMPLETE_SUFFIX = ".incomplete"
 # Defaults an Accelerator() reads from its environment (set by notebook_launcher / debug_launcher).
 MIXED_PRECISION_ENV = "RUNNER_MIXED_PRECISION"
 USE_CPU_ENV = "RUNNER_USE_CPU"
+
+
+def indexed_name(stem: str, index: int, suffix: str) -> str:
+    """``model.safetensors``, ``model_1.safetensors``, ...: the first object has no index."""
+    return f"{stem}{suffix}" if index == 0 else f"{stem}_{index}{suffix}"
+
+
+def rng_state_name(rank: int) -> str:
+    return f"{RNG_STATE_NAME}_{rank}.pt"
+
+
+def gradients_name(rank: int) -> str:
+    return f"{GRADIENTS_NAME}_{rank}.safetensors"
+
+
+def custom_state_name(index: int) -> str:
+    return f"{CUSTOM_STATE_NAME}_{index}.pt"

@@ -1,5 +1,24 @@
-"""A checkpoint's manifest: what it holds (files with sizes and sha256, data position, steps), written
-last, and the check of every file against it before anything is loaded."""
+"""A checkpoint's manifest: what the checkpoint holds and how it was written, checked before anything is loaded.
+
+Rank 0 writes ``manifest.json`` last. It lists every file with its size and the sha256 of each
+``chunk_bytes`` slice, and records what the save wrote: ``state_format`` (``"safetensors"``: models
+as safetensors and optimizers as ``torch.save`` files; ``"dcp"``: FSDP's sharded model and optimizer
+folders), ``contents`` (how many models, optimizers, schedulers, custom objects and dataloaders, and
+whether a loss scaler and pending gradients were saved), the world size and the engine's position
+facts. ``digest`` is the sha256 of the manifest's own canonical JSON (everything but the digest), so
+a manifest edited or damaged after the save is refused like a damaged file; it also covers the keys
+the caller added through ``save_state(metadata=...)``.
+
+:func:`read_manifest` treats the folder as data, in this order: every field's type and range; every
+listed name is a plain relative path (no ``..``, not absolute); the digest; the listed files against
+``contents`` and ``state_format``; then, on disk, no listed name is or goes through a symbolic link;
+the sizes; and last the sha256 of every slice. Nothing is opened, stat'ed or hashed before the names
+are known to stay inside the folder. Any problem is one CheckpointError sentence naming the file.
+
+Manifests of earlier formats (2 and 3) are refused: they carry no digest, so accepting them would let
+any edit pass by lowering the format number. Checkpoints saved by earlier versions are listed as
+damaged, and resuming a run folder falls back past them.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +26,32 @@ import hashlib
 import itertools
 import json
 import os
+import re
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from runner.engine.constants import MANIFEST_NAME
+from runner.engine.constants import (
+    DCP_METADATA_NAME,
+    MANIFEST_NAME,
+    MODEL_NAME,
+    OPTIMIZER_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    custom_state_name,
+    gradients_name,
+    indexed_name,
+    rng_state_name,
+)
 
-MANIFEST_FORMAT = 3
+MANIFEST_FORMAT = 4
 # Files are hashed in slices of this many bytes, all slices of all files in parallel threads
 # (hashlib releases the GIL): verifying costs a fraction of one core per slice, not one core per file.
 CHUNK_BYTES = 32 << 20
+STATE_FORMATS = ("safetensors", "dcp")
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 class CheckpointError(ValueError):
@@ -26,6 +60,53 @@ class CheckpointError(ValueError):
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """The checkpoint folder does not exist."""
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _positive(value: Any) -> bool:
+    return type(value) is int and value >= 1
+
+
+def _count_or_null(value: Any) -> bool:
+    return value is None or _count(value)
+
+
+_COUNT, _POSITIVE, _COUNT_OR_NULL = "a non-negative integer", "a positive integer", "a non-negative integer or null"
+# What the engine writes itself; save_state(metadata=...) cannot set these keys.
+_OWN_FIELDS = {
+    "format": (_positive, _POSITIVE),
+    "chunk_bytes": (_positive, _POSITIVE),
+    "world_size": (_positive, _POSITIVE),
+    "iteration": (_count_or_null, _COUNT_OR_NULL),
+    "created": (lambda value: isinstance(value, str), "a string"),
+    "state_format": (lambda value: value in STATE_FORMATS, " or ".join(map(repr, STATE_FORMATS))),
+    "contents": (lambda value: isinstance(value, dict), "an object"),
+    "files": (lambda value: isinstance(value, dict), "an object"),
+    "digest": (lambda value: isinstance(value, str) and _HEX_DIGEST.fullmatch(value), "a sha256 hex digest"),
+}
+# The facts engine_metadata records (a bare save_training_state may leave them out).
+_POSITION_FIELDS = {
+    "step": (_count_or_null, _COUNT_OR_NULL),
+    "epoch": (_count_or_null, _COUNT_OR_NULL),
+    "optimizer_steps": (
+        lambda value: isinstance(value, list) and all(map(_count, value)),
+        "a list of non-negative integers",
+    ),
+    "accumulation_step": (_count, _COUNT),
+    "accumulation_steps": (_positive, _POSITIVE),
+    "dataloaders": (
+        lambda value: isinstance(value, list) and all(isinstance(d, dict) for d in value),
+        "a list of objects",
+    ),
+}
+_LOADER_FIELDS = {"epoch": (_count, _COUNT), "samples_seen": (_count, _COUNT)}
+_CONTENTS_FIELDS = {
+    **dict.fromkeys(("models", "optimizers", "schedulers", "custom_objects", "dataloaders"), (_count, _COUNT)),
+    **dict.fromkeys(("scaler", "gradients"), (lambda value: isinstance(value, bool), "true or false")),
+}
 
 
 def sha256_of(path: Path, offset: int = 0, length: int | None = None) -> str:
@@ -58,83 +139,275 @@ def chunk_digests(paths: list[Path], chunk_bytes: int = CHUNK_BYTES) -> list[lis
     return digests
 
 
-def write_manifest(staging: Path, *, world_size: int, iteration: int | None, metadata: dict[str, Any]) -> None:
-    paths = sorted(p for p in staging.rglob("*") if p.is_file())  # with the DCP folders of FSDP checkpoints
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON (sorted keys, no spaces), leaving out its ``digest``."""
+    content = {key: value for key, value in manifest.items() if key != "digest"}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def check_metadata(metadata: dict[str, Any]) -> None:
+    """Refuse ``save_state(metadata=...)`` that the manifest cannot hold, or that would make it read as damaged.
+
+    Raises:
+        ValueError: One sentence naming the key.
+    """
+    taken = sorted(set(metadata) & set(_OWN_FIELDS))
+    if taken:
+        raise ValueError(f"save_state(metadata=...) sets {taken[0]!r}, which the manifest records itself; rename it.")
+    try:
+        json.dumps(metadata)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"save_state(metadata=...) is not JSON ({error}); pass numbers, strings, lists and dicts."
+        ) from None
+    problem = _fields_problem(metadata, _POSITION_FIELDS, required=False) or _loaders_problem(metadata)
+    if problem:
+        raise ValueError(f"save_state(metadata=...): {problem}; pass a value of that type.")
+
+
+def write_manifest(
+    staging: Path,
+    *,
+    world_size: int,
+    iteration: int | None,
+    state_format: str,
+    contents: dict[str, Any],
+    metadata: dict[str, Any],
+) -> None:
+    """List every file under ``staging`` (the DCP folders' included) with its slices' sha256, then the manifest."""
+    paths = _regular_files(staging)
     digests = chunk_digests(paths)
     files = {
         p.relative_to(staging).as_posix(): {"bytes": p.stat().st_size, "sha256_chunks": d}
         for p, d in zip(paths, digests, strict=True)
     }
-    manifest = {
+    own = {
         "format": MANIFEST_FORMAT,
         "chunk_bytes": CHUNK_BYTES,
         "iteration": iteration,
         "world_size": world_size,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        **metadata,
+        "state_format": state_format,
+        "contents": contents,
         "files": files,
     }
+    manifest = json.loads(json.dumps({**metadata, **own}))  # as it will read back: tuples as lists, str keys
+    manifest["digest"] = manifest_digest(manifest)
     partial = staging / (MANIFEST_NAME + ".tmp")
     partial.write_text(json.dumps(manifest, indent=2))
     os.replace(partial, staging / MANIFEST_NAME)
 
 
+def _regular_files(staging: Path) -> list[Path]:
+    paths = []
+    for path in sorted(staging.rglob("*")):
+        if path.is_symlink():
+            raise CheckpointError(
+                f"{path} is a symbolic link; a checkpoint holds only its own files, so write a copy there instead."
+            )
+        if path.is_file():
+            paths.append(path)
+    return paths
+
+
 def read_manifest(checkpoint: Path, *, verify_checksums: bool = True) -> dict[str, Any]:
-    """The checkpoint's manifest, after checking every file it lists: present, complete, unchanged.
+    """The checkpoint's manifest, after checking it and every file it lists: present, complete, unchanged.
+
+    With ``verify_checksums=False`` everything but the files' sha256 is checked (the manifest, its
+    digest, the names and the sizes): cheap enough to run on every checkpoint after every save.
 
     Raises:
         CheckpointNotFoundError: The folder does not exist.
-        CheckpointError: One sentence naming the first file that is missing, truncated or altered.
+        CheckpointError: One sentence naming the manifest field, or the first file that is missing,
+            truncated, altered or a symbolic link.
     """
     if not checkpoint.is_dir():
         raise CheckpointNotFoundError(f"Checkpoint folder {checkpoint} does not exist; check the path.")
     manifest_path = checkpoint / MANIFEST_NAME
+    if manifest_path.is_symlink():
+        raise CheckpointError(_symlink_sentence(manifest_path, manifest_path))
     if not manifest_path.is_file():
         raise CheckpointError(
             f"{checkpoint} is not a complete checkpoint (it has no {MANIFEST_NAME}); it was not fully "
             "written, so load a different checkpoint."
         )
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        files = {name: (int(entry["bytes"]), _expected_digests(entry)) for name, entry in manifest["files"].items()}
-        chunk_bytes = int(manifest.get("chunk_bytes", CHUNK_BYTES))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise CheckpointError(f"{manifest_path} is corrupted; load a different checkpoint.") from None
-    for name, (size, _) in files.items():
-        path = checkpoint / name
-        if not path.is_file():
-            raise CheckpointError(f"{path} is missing from the checkpoint; load a different checkpoint.")
-        if path.stat().st_size != size:
-            raise CheckpointError(
-                f"{path} has {path.stat().st_size} bytes but the manifest says {size}; the file is "
-                "truncated or was changed, so load a different checkpoint."
-            )
+    manifest = _parse(manifest_path)
+    files = manifest["files"]
+    for name, entry in files.items():
+        _check_size(checkpoint, name, entry["bytes"])
     if verify_checksums:
-        _verify_digests(checkpoint, files, chunk_bytes)
+        _verify_digests(checkpoint, files, manifest["chunk_bytes"])
     return manifest
 
 
-def _expected_digests(entry: dict[str, Any]) -> list[str] | str:
-    """A file's sha256 per slice (format 3), or of the whole file (format 2 manifests)."""
-    if "sha256_chunks" in entry:
-        return [str(digest) for digest in entry["sha256_chunks"]]
-    return str(entry["sha256"])
-
-
-def _verify_digests(checkpoint: Path, files: dict[str, tuple[int, list[str] | str]], chunk_bytes: int) -> None:
-    """Raise for the first file (and slice) whose sha256 differs from the manifest's."""
-    sliced = [name for name, (_, expected) in files.items() if isinstance(expected, list)]
-    found = dict(zip(sliced, chunk_digests([checkpoint / name for name in sliced], chunk_bytes), strict=True))
-    for name, (size, expected) in files.items():
-        if isinstance(expected, str):  # a format 2 manifest: one sha256 of the whole file
-            where, bad = "", sha256_of(checkpoint / name) != expected
-        else:
-            pairs = itertools.zip_longest(found[name], expected)
-            index = next((i for i, (digest, wanted) in enumerate(pairs) if digest != wanted), None)
-            bad, index = index is not None, index or 0
-            where = f" (bytes {index * chunk_bytes}-{min((index + 1) * chunk_bytes, size)})"
-        if bad:
+def _parse(manifest_path: Path) -> dict[str, Any]:
+    """The manifest, if every field, the digest and the listed files are what a save of ours writes."""
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        problem = f"it is not valid JSON ({str(error).splitlines()[0]})"
+    else:
+        format_ = manifest.get("format") if isinstance(manifest, dict) else None
+        if _positive(format_) and format_ < MANIFEST_FORMAT:
             raise CheckpointError(
-                f"{checkpoint / name} does not match its sha256 in the manifest{where}; the file is corrupted, so "
+                f"{manifest_path}: format is {format_}, not {MANIFEST_FORMAT}: it was written by an earlier version "
+                "and carries no digest of its own, so load a checkpoint saved by this version or start a new run."
+            )
+        problem = _manifest_problem(manifest)
+    if problem:
+        raise CheckpointError(f"{manifest_path}: {problem}; the manifest is damaged, so load a different checkpoint.")
+    return manifest
+
+
+def _manifest_problem(manifest: Any) -> str | None:
+    if not isinstance(manifest, dict):
+        return "it is not a JSON object"
+    if manifest.get("format") not in (None, MANIFEST_FORMAT):
+        return f"format is {_shown(manifest['format'])}, not {MANIFEST_FORMAT}"
+    return (
+        _fields_problem(manifest, _OWN_FIELDS, required=True)
+        or _fields_problem(manifest, _POSITION_FIELDS, required=False)
+        or _fields_problem(manifest["contents"], _CONTENTS_FIELDS, required=True, prefix="contents.")
+        or _loaders_problem(manifest)
+        or _files_problem(manifest["files"], manifest["chunk_bytes"])
+        or (None if manifest["digest"] == manifest_digest(manifest) else _DIGEST_PROBLEM)
+        or _contents_problem(manifest)
+    )
+
+
+_DIGEST_PROBLEM = "its digest does not match its content (it was edited or damaged after the save)"
+
+
+def _fields_problem(record: dict, fields: dict, *, required: bool, prefix: str = "") -> str | None:
+    for key, (valid, wanted) in fields.items():
+        if key not in record:
+            if required:
+                return f"{prefix}{key} is missing"
+        elif not valid(record[key]):
+            return f"{prefix}{key} is {_shown(record[key])}, not {wanted}"
+    return None
+
+
+def _loaders_problem(record: dict) -> str | None:
+    for index, position in enumerate(record.get("dataloaders", [])):
+        problem = _fields_problem(position, _LOADER_FIELDS, required=True, prefix=f"dataloaders[{index}].")
+        if problem:
+            return problem
+        if "seed" in position and type(position["seed"]) is not int:
+            return f"dataloaders[{index}].seed is {_shown(position['seed'])}, not an integer"
+    return None
+
+
+def _files_problem(files: dict, chunk_bytes: int) -> str | None:
+    """A listed name that leaves the folder, or an entry without a size and one sha256 per slice."""
+    for name, entry in files.items():
+        if not _is_inside(name):
+            return f"files lists {_shown(name, limit=240)}, which is not a path inside the checkpoint folder"
+        if not isinstance(entry, dict):
+            return f"files[{name!r}] is {_shown(entry)}, not an object"
+        if not _count(entry.get("bytes")):
+            return f"files[{name!r}].bytes is {_shown(entry.get('bytes'))}, not {_COUNT}"
+        digests = entry.get("sha256_chunks")
+        slices = max(1, -(-entry["bytes"] // chunk_bytes))
+        if not isinstance(digests, list) or not all(isinstance(d, str) and _HEX_DIGEST.fullmatch(d) for d in digests):
+            return f"files[{name!r}].sha256_chunks is {_shown(digests)}, not a list of sha256 hex digests"
+        if len(digests) != slices:
+            return f"files[{name!r}].sha256_chunks has {len(digests)} digests, not {slices} for {entry['bytes']} bytes"
+    return None
+
+
+def _is_inside(name: str) -> bool:
+    """A relative POSIX path in its normal form, without ``..``: it cannot name anything outside the folder."""
+    path = PurePosixPath(name)
+    return (
+        bool(name)
+        and "\\" not in name
+        and "\0" not in name
+        and not path.is_absolute()
+        and path.as_posix() == name
+        and ".." not in path.parts
+        and name != MANIFEST_NAME
+    )
+
+
+def _contents_problem(manifest: dict) -> str | None:
+    """A file that ``contents`` and ``state_format`` call for but ``files`` does not list."""
+    contents, files = manifest["contents"], manifest["files"]
+    if "dataloaders" in manifest and len(manifest["dataloaders"]) != contents["dataloaders"]:
+        return f"dataloaders lists {len(manifest['dataloaders'])} position(s), not contents.dataloaders"
+    if "optimizer_steps" in manifest and len(manifest["optimizer_steps"]) != contents["optimizers"]:
+        return f"optimizer_steps lists {len(manifest['optimizer_steps'])} count(s), not contents.optimizers"
+    step, steps = manifest.get("accumulation_step", 0), manifest.get("accumulation_steps", 1)
+    if (step % steps != 0) != contents["gradients"]:  # gradients are saved exactly in the middle of a cycle
+        gradients = json.dumps(contents["gradients"])
+        return f"contents.gradients is {gradients}, but accumulation_step {step} of {steps} says otherwise"
+    missing = sorted(expected_files(manifest) - set(files))
+    if missing:
+        return f"files does not list {missing[0]}, which its contents and state_format call for"
+    return None
+
+
+def expected_files(manifest: dict[str, Any]) -> set[str]:
+    """The engine's files a checkpoint with this ``contents``, ``state_format`` and world size holds."""
+    contents, world_size = manifest["contents"], manifest["world_size"]
+    if manifest["state_format"] == "dcp":
+        names = {f"{indexed_name(MODEL_NAME, i, '')}/{DCP_METADATA_NAME}" for i in range(contents["models"])}
+        names |= {f"{indexed_name(OPTIMIZER_NAME, i, '')}/{DCP_METADATA_NAME}" for i in range(contents["optimizers"])}
+    else:
+        names = {indexed_name(MODEL_NAME, i, ".safetensors") for i in range(contents["models"])}
+        names |= {indexed_name(OPTIMIZER_NAME, i, ".bin") for i in range(contents["optimizers"])}
+    names |= {indexed_name(SCHEDULER_NAME, i, ".bin") for i in range(contents["schedulers"])}
+    names |= {custom_state_name(i) for i in range(contents["custom_objects"])}
+    names |= {rng_state_name(rank) for rank in range(world_size)}
+    if contents["gradients"]:
+        names |= {gradients_name(rank) for rank in range(world_size)}
+    if contents["scaler"]:
+        names.add(SCALER_NAME)
+    return names
+
+
+def _check_size(checkpoint: Path, name: str, size: int) -> None:
+    """lstat every component of ``name``: a symbolic link on the way, or a missing or resized file, is refused."""
+    path = checkpoint
+    for part in PurePosixPath(name).parts:
+        path = path / part
+        try:
+            info = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise CheckpointError(
+                f"{checkpoint / name} is missing from the checkpoint; load a different checkpoint."
+            ) from None
+        if stat.S_ISLNK(info.st_mode):
+            raise CheckpointError(_symlink_sentence(checkpoint / name, path))
+    if not stat.S_ISREG(info.st_mode):
+        raise CheckpointError(f"{path} is not a regular file; the checkpoint is damaged, so load a different one.")
+    if info.st_size != size:
+        raise CheckpointError(
+            f"{path} has {info.st_size} bytes but the manifest says {size}; the file is truncated or was changed, "
+            "so load a different checkpoint."
+        )
+
+
+def _symlink_sentence(listed: Path, link: Path) -> str:
+    where = f"{link} is a symbolic link" if listed == link else f"{listed} goes through the symbolic link {link}"
+    return f"{where}; a checkpoint holds only its own files, so load a different checkpoint."
+
+
+def _verify_digests(checkpoint: Path, files: dict[str, dict[str, Any]], chunk_bytes: int) -> None:
+    """Raise for the first file (and slice) whose sha256 differs from the manifest's."""
+    found = chunk_digests([checkpoint / name for name in files], chunk_bytes)
+    for (name, entry), digests in zip(files.items(), found, strict=True):
+        pairs = itertools.zip_longest(digests, entry["sha256_chunks"])
+        index = next((i for i, (digest, wanted) in enumerate(pairs) if digest != wanted), None)
+        if index is not None:
+            where = f"bytes {index * chunk_bytes}-{min((index + 1) * chunk_bytes, entry['bytes'])}"
+            raise CheckpointError(
+                f"{checkpoint / name} does not match its sha256 in the manifest ({where}); the file is corrupted, so "
                 "load a different checkpoint."
             )
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """A value as the sentence shows it: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -4,6 +4,10 @@ safetensors refuses tensors that share memory (tied embeddings, for one). We sto
 tensor once and record the other names as aliases in the file's metadata, so a state dict
 round-trips exactly. Nothing here unpickles arbitrary objects: ``.bin`` files are read with
 ``torch.load(weights_only=True)``.
+
+The writers fail with the OSError behind a failed write (a full disk, say): safetensors reports it
+inside a ``SafetensorError`` and ``torch.save`` as ``RuntimeError: ... unexpected pos``, which would
+hide it from the callers that turn it into one sentence.
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+import stat
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
@@ -29,6 +35,9 @@ from runner.engine.constants import (
 )
 
 _ALIASES_KEY = "aliases"
+# save_model_files marks its index jsons, its record of the files it wrote, with this metadata entry.
+_WRITER_KEY, _WRITER = "written_by", "runner save_model"
+_OS_ERROR_IN_MESSAGE = re.compile(r"\(os error (\d+)\)")
 _SIZE_UNITS = {
     "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
     "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
@@ -77,9 +86,64 @@ def split_shared_tensors(
 
 
 def save_safetensors(state_dict: Mapping[str, torch.Tensor], path: str | os.PathLike) -> None:
-    """Write a state dict to one safetensors file, tied tensors stored once."""
+    """Write a state dict to one safetensors file, tied tensors stored once.
+
+    Raises:
+        OSError: The write failed (its errno and reason, and ``path``).
+    """
     tensors, aliases = split_shared_tensors(state_dict)
-    save_file(tensors, str(path), metadata={"format": "pt", _ALIASES_KEY: json.dumps(aliases)})
+    _save_file(tensors, path, {"format": "pt", _ALIASES_KEY: json.dumps(aliases)})
+
+
+def _save_file(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str]) -> None:
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except SafetensorError as error:  # "Error while serializing: I/O error: No space left on device (os error 28)"
+        match = _OS_ERROR_IN_MESSAGE.search(str(error))
+        if match is None:
+            raise
+        code = int(match.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from None
+
+
+def torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save(obj)`` to a new file at ``path`` (a symbolic link there is refused, never followed).
+
+    Raises:
+        OSError: The write failed (its errno and reason, and ``path``).
+    """
+    try:
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666), "wb") as file:
+            writer = _ErrorKeepingWriter(file)
+            try:
+                torch.save(obj, writer)
+            except RuntimeError:
+                if writer.error is None:
+                    raise
+                raise writer.error from None
+    except OSError as error:
+        if error.filename is None:
+            raise OSError(error.errno, error.strerror, str(path)) from None
+        raise
+
+
+class _ErrorKeepingWriter:
+    """A file torch.save writes through, keeping the OSError of a failed write (torch reports only
+    "unexpected pos")."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file = file
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
 
 
 def load_safetensors(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
@@ -105,9 +169,17 @@ def _shard(state_dict: Mapping[str, torch.Tensor], max_bytes: int) -> list[dict[
     return shards
 
 
-def _replace_atomically(write, path: Path) -> None:
+def _replace_atomically(write: Callable[[Path], None], path: Path) -> None:
+    """Write under a temporary name, then rename over ``path``: a symbolic link there is replaced, never followed."""
     partial = path.with_name(path.name + ".tmp")
-    write(partial)
+    if os.path.lexists(partial):
+        partial.unlink()  # left by a save that crashed (never followed: unlink removes a link itself)
+    os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
+    try:
+        write(partial)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, path)
 
 
@@ -118,18 +190,22 @@ def save_model_files(
     max_shard_size: int | str = "10GB",
     safe_serialization: bool = True,
 ) -> list[Path]:
-    """Write ``state_dict`` as one weights file, or as shards plus an index json when it is larger.
+    """Write ``state_dict`` as one weights file, or as shards when it is larger, and an index json listing them.
 
-    Files a previous save left in ``save_directory`` under the same naming scheme are removed once
-    the new ones are written, so the folder never mixes two saves.
+    The index json (HF's ``weight_map``, marked as ours) is the record of what a save wrote. Once the
+    new files are written, the files the previous save's index of ours lists (under our own names)
+    and this save did not rewrite are removed, so the folder never mixes two saves; nothing else in
+    it is deleted. Every file is written under a temporary name and renamed into place, so a
+    symbolic link in the folder is replaced, never written through.
 
     Returns:
-        The files written.
+        The files written, the index last.
+
+    Raises:
+        ValueError: ``save_directory`` is a file or a symbolic link, or holds weights this function
+            did not write that loading the folder would pick before the new ones.
     """
-    directory = Path(save_directory)
-    if directory.exists() and not directory.is_dir():
-        raise ValueError(f"save_model needs a directory, but {directory} is a file; pass a folder path.")
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = _weights_directory(Path(save_directory))
     tensors, aliases = split_shared_tensors(state_dict)
     shards = _shard(tensors, parse_size(max_shard_size))
     single, index_name, pattern = (
@@ -137,46 +213,105 @@ def save_model_files(
         if safe_serialization
         else (WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_SHARD_PATTERN)
     )
+    previous = _recorded_files(directory)
+    _refuse_shadowing_weights(directory, index_name, previous)
 
     def write_shard(shard: dict[str, torch.Tensor], path: Path) -> None:
         # Each shard records only the aliases of tensors it holds, so it loads on its own.
         shard_aliases = {alias: target for alias, target in aliases.items() if target in shard}
         if safe_serialization:
             metadata = {"format": "pt", _ALIASES_KEY: json.dumps(shard_aliases)}
-            _replace_atomically(lambda p: save_file(shard, str(p), metadata=metadata), path)
+            _replace_atomically(lambda p: _save_file(shard, p, metadata), path)
         else:
             shard_with_aliases = dict(shard)
             shard_with_aliases.update({alias: shard[target] for alias, target in shard_aliases.items()})
-            _replace_atomically(lambda p: torch.save(shard_with_aliases, p), path)
+            _replace_atomically(lambda p: torch_save(shard_with_aliases, p), path)
 
-    written: list[Path] = []
-    if len(shards) == 1:
-        written.append(directory / single)
-        write_shard(shards[0], written[0])
-    else:
-        weight_map: dict[str, str] = {}
-        for number, shard in enumerate(shards, start=1):
-            path = directory / pattern.format(index=number, total=len(shards))
-            write_shard(shard, path)
-            weight_map.update(dict.fromkeys(shard, path.name))
-            written.append(path)
-        weight_map.update({alias: weight_map[target] for alias, target in aliases.items()})
-        total_size = sum(t.numel() * t.element_size() for t in tensors.values())
-        index = {"metadata": {"total_size": total_size}, "weight_map": weight_map}
-        index_path = directory / index_name
-        _replace_atomically(lambda p: p.write_text(json.dumps(index, indent=2, sort_keys=True)), index_path)
-        written.append(index_path)
-    _remove_stale_weights(directory, keep=set(written))
+    names = (
+        [single]
+        if len(shards) == 1
+        else [pattern.format(index=i, total=len(shards)) for i in range(1, len(shards) + 1)]
+    )
+    weight_map: dict[str, str] = {}
+    for name, shard in zip(names, shards, strict=True):
+        write_shard(shard, directory / name)
+        weight_map.update(dict.fromkeys(shard, name))
+    weight_map.update({alias: weight_map[target] for alias, target in aliases.items()})
+    total_size = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total_size, _WRITER_KEY: _WRITER}, "weight_map": weight_map}
+    text = json.dumps(index, indent=2, sort_keys=True)
+    _replace_atomically(lambda p: p.write_text(text), directory / index_name)
+    written = [directory / name for name in (*names, index_name)]
+    for name in sorted(previous - {path.name for path in written}):
+        _remove_regular_file(directory / name)
     return written
 
 
-def _remove_stale_weights(directory: Path, *, keep: set[Path]) -> None:
-    patterns = ("model.safetensors", "model-*-of-*.safetensors", SAFE_WEIGHTS_INDEX_NAME,
-                WEIGHTS_NAME, "pytorch_model-*-of-*.bin", WEIGHTS_INDEX_NAME)  # fmt: skip
-    for pattern in patterns:
-        for path in directory.glob(pattern):
-            if path not in keep:
-                path.unlink()
+def _weights_directory(directory: Path) -> Path:
+    if directory.is_symlink():
+        raise ValueError(
+            f"save_model writes only into a real folder, but {directory} is a symbolic link; pass the folder it "
+            "points to, or another path."
+        )
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"save_model needs a directory, but {directory} is a file; pass a folder path.")
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+_SHARD_NAMES = {
+    SAFE_WEIGHTS_INDEX_NAME: (SAFE_WEIGHTS_NAME, re.compile(r"model-\d{5}-of-\d{5}\.safetensors")),
+    WEIGHTS_INDEX_NAME: (WEIGHTS_NAME, re.compile(r"pytorch_model-\d{5}-of-\d{5}\.bin")),
+}
+
+
+def _recorded_files(directory: Path) -> set[str]:
+    """The files an earlier save_model_files wrote into ``directory``, as its index jsons record them."""
+    recorded = set()
+    for index_name, (single, shard) in _SHARD_NAMES.items():
+        weight_map = _own_weight_map(directory / index_name)
+        if weight_map is not None:
+            recorded.add(index_name)
+            recorded |= {name for name in weight_map.values() if name == single or shard.fullmatch(str(name))}
+    return recorded
+
+
+def _own_weight_map(path: Path) -> dict | None:
+    """The weight_map of an index json that save_model_files wrote, else None (never read through a link)."""
+    if not _is_regular_file(path):
+        return None
+    try:
+        index = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    metadata = index.get("metadata") if isinstance(index, dict) else None
+    if not isinstance(metadata, dict) or metadata.get(_WRITER_KEY) != _WRITER:
+        return None
+    weight_map = index.get("weight_map")
+    return weight_map if isinstance(weight_map, dict) else None
+
+
+def _refuse_shadowing_weights(directory: Path, index_name: str, ours: set[str]) -> None:
+    """Refuse weights of someone else's that load_state_dict_files would read instead of the new ones."""
+    order = (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME)
+    for name in order[: order.index(index_name)]:
+        if name not in ours and os.path.lexists(directory / name):
+            raise ValueError(
+                f"{directory / name} was not written by save_model, and loading {directory} would read it instead of "
+                "the new weights; move it away, or save to another folder."
+            )
+
+
+def _is_regular_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _remove_regular_file(path: Path) -> None:
+    if _is_regular_file(path):
+        path.unlink()
 
 
 def _load_weights_file(path: Path) -> dict[str, torch.Tensor]:

@@ -3,8 +3,15 @@
 Under FSDP every rank writes its own shards of each model (``model/``, ``model_1/``, ...) and
 optimizer (``optimizer/``, ...) into the checkpoint's staging folder; DCP records in each folder's
 ``.metadata`` how the shards tile the full tensors, so loading reshards onto any number of
-processes, and also into a plain (unsharded) model on one process. With ``FULL_STATE_DICT`` the
-states are gathered to rank 0 on the CPU instead and written as without FSDP.
+processes (under FSDP; a manifest records the format, and only the FSDP strategy loads this one).
+With ``FULL_STATE_DICT`` the states are gathered to rank 0 on the CPU instead and written as
+without FSDP.
+
+Loading reads only data. DCP pickles ``.metadata`` and its own reader unpickles it without limits,
+and its default planner reads non-tensor values (an optimizer's ``lr``) with
+``torch.load(weights_only=False)``; both would run code from a crafted checkpoint. Here the reader
+(passed as ``storage_reader=``) unpickles only DCP's metadata classes and lets the metadata point
+only at the files the manifest lists, and the planner reads values with ``weights_only=True``.
 
 Every function here is a collective when a process group exists: every rank calls it, in the same
 order.
@@ -13,15 +20,18 @@ order.
 from __future__ import annotations
 
 import contextlib
+import functools
+import pickle
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from runner.engine.constants import MODEL_NAME, OPTIMIZER_NAME
+from runner.engine.constants import DCP_METADATA_NAME, MODEL_NAME, OPTIMIZER_NAME
+from runner.engine.manifest import CheckpointError
 
 
 def _save(state: dict, folder: Path) -> None:
@@ -31,23 +41,157 @@ def _save(state: dict, folder: Path) -> None:
         dcp.save(state, checkpoint_id=folder, no_dist=not _distributed())
 
 
-def _load(state: dict, folder: Path) -> None:
-    """DCP's load, with its failure (a BaseException carrying each rank's error) as one CheckpointError."""
+def _load(state: dict, folder: Path, listed: Collection[str]) -> None:
+    """DCP's load, reading only data (see :func:`read_dcp_metadata`), with its failure (a BaseException
+    carrying each rank's error) as one CheckpointError."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from runner.engine.manifest import CheckpointError
-
+    reader_class, planner_class = _checked_dcp_classes()
+    reader = reader_class(folder, listed)
+    reader.read_metadata()  # refused here, on every rank alike, before DCP's first collective
     try:
         with _quiet_single_process():
-            dcp.load(state, checkpoint_id=folder, no_dist=not _distributed())
+            dcp.load(state, storage_reader=reader, planner=planner_class(folder), no_dist=not _distributed())
     except CheckpointException as error:
         failure = next(iter(error.failures.values()))
         exception = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(exception, CheckpointError):
+            raise exception from None
         detail = str(exception).strip().splitlines()[0] if str(exception).strip() else type(exception).__name__
         raise CheckpointError(
             f"{folder} does not fit the prepared model or optimizer ({detail}); load a checkpoint of the same model."
         ) from None
+
+
+# Everything the .metadata of a DCP save of a model or an optimizer pickles (torch 2.13, FSDP2 or a
+# plain module): DCP's metadata dataclasses, its file-slice record, torch.Size, dtypes, layouts (by
+# name) and the path it was saved to. Nothing here runs code when built from a pickle.
+_DCP_METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch": {"Size"},
+    "torch.serialization": {"_get_layout"},
+    "pathlib": {"PosixPath", "PurePosixPath"},
+    "collections": {"OrderedDict"},
+    "builtins": {"set", "frozenset"},
+}
+
+
+class _RefusedGlobal(pickle.UnpicklingError):
+    pass
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds only DCP metadata; any other class or function a pickle names is refused before it is called."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        is_dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if name in _DCP_METADATA_GLOBALS.get(module, ()) or is_dtype:
+            return super().find_class(module, name)
+        raise _RefusedGlobal(f"{module}.{name}")
+
+
+def read_dcp_metadata(folder: Path, listed: Collection[str]) -> Any:
+    """The DCP ``Metadata`` in ``folder/.metadata``, unpickled with only DCP's metadata classes.
+
+    Args:
+        folder: A DCP folder of a checkpoint (``model/``, ``optimizer_1/``, ...).
+        listed: The names of the folder's files that the checkpoint's manifest lists; the metadata
+            may point at no other file.
+
+    Raises:
+        CheckpointError: The file names a class or function DCP metadata never holds (a crafted
+            pickle: refused before anything in it runs), is not DCP metadata, or points outside ``listed``.
+    """
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    path = folder / DCP_METADATA_NAME
+    try:
+        with open(path, "rb") as file:
+            metadata = _MetadataUnpickler(file).load()
+    except _RefusedGlobal as refused:
+        raise CheckpointError(
+            f"{path} is not DCP metadata: its pickle names {refused}, which DCP metadata never holds; the file was "
+            "altered, so load a different checkpoint."
+        ) from None
+    except Exception as error:  # whatever a damaged pickle makes the allowed classes raise
+        metadata = error
+    storage = getattr(metadata, "storage_data", None)
+    if not isinstance(metadata, Metadata) or not isinstance(storage, dict):
+        detail = (
+            f"{type(metadata).__name__}: {metadata}" if isinstance(metadata, Exception) else type(metadata).__name__
+        )
+        raise CheckpointError(
+            f"{path} is not DCP metadata ({detail.splitlines()[0]}); the file is corrupted, so load a different "
+            "checkpoint."
+        )
+    for info in storage.values():
+        relative = getattr(info, "relative_path", None)
+        if not isinstance(info, _StorageInfo) or not isinstance(relative, str) or relative not in listed:
+            raise CheckpointError(
+                f"{path} points at {relative!r}, which is not a file of this checkpoint; the file was altered, so "
+                "load a different checkpoint."
+            )
+    return metadata
+
+
+@functools.cache
+def _checked_dcp_classes() -> tuple[type, type]:
+    """DCP's file reader and load planner, made to read data only (defined on first use: DCP imports slowly)."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class MetadataCheckingReader(FileSystemReader):
+        """FileSystemReader whose metadata is read by :func:`read_dcp_metadata` (DCP's own calls pickle.load)."""
+
+        def __init__(self, folder: Path, listed: Collection[str]) -> None:
+            super().__init__(folder)
+            self.listed = frozenset(listed)
+            self.metadata = None
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            if self.metadata is None:
+                self.metadata = read_dcp_metadata(Path(self.path), self.listed)
+                if getattr(self.metadata, "storage_meta", None) is None:
+                    self.metadata.storage_meta = StorageMeta()
+                self.metadata.storage_meta.load_id = self.load_id
+            return self.metadata
+
+    class PlainValuesLoadPlanner(DefaultLoadPlanner):
+        """DefaultLoadPlanner, but the non-tensor values (an optimizer's lr, betas, ...) are read with
+        ``torch.load(weights_only=True)``: DCP's own reads them with ``weights_only=False``."""
+
+        def __init__(self, folder: Path) -> None:
+            super().__init__()
+            self.folder = folder
+
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            fqn = read_item.dest_index.fqn
+            try:
+                loaded = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError:
+                raise CheckpointError(
+                    f"{self.folder} holds a value for {fqn} that is not plain data; the checkpoint was altered, so "
+                    "load a different one."
+                ) from None
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], loaded)
+            else:
+                self.state_dict[fqn] = loaded
+
+    return MetadataCheckingReader, PlainValuesLoadPlanner
 
 
 @contextlib.contextmanager
@@ -103,20 +247,23 @@ def gather_full(models: Sequence[nn.Module], optimizers: Sequence[Any]) -> tuple
     return weights, states
 
 
-def load_model(source: Path | dict[str, torch.Tensor], model: nn.Module) -> None:
-    """Load a DCP folder, or a full state dict, into ``model`` (sharded or not)."""
+def load_model(source: Path | dict[str, torch.Tensor], model: nn.Module, *, listed: Collection[str] = ()) -> None:
+    """Load a DCP folder (whose files the manifest lists as ``listed``), or a full state dict, into ``model``."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     if isinstance(source, dict):
         set_model_state_dict(model, source, options=_options(True))
         return
     state = {"model": get_model_state_dict(model, options=_options(False))}
-    _load(state, source)
+    _load(state, source, listed)
     set_model_state_dict(model, state["model"], options=_options(False))
 
 
-def load_optimizer(source: Path | dict[str, Any], optimizer: Any, models: Sequence[nn.Module]) -> None:
-    """Load a DCP folder, or a full optimizer state dict, into a prepared optimizer."""
+def load_optimizer(
+    source: Path | dict[str, Any], optimizer: Any, models: Sequence[nn.Module], *, listed: Collection[str] = ()
+) -> None:
+    """Load a DCP folder (whose files the manifest lists as ``listed``), or a full optimizer state dict, into a
+    prepared optimizer."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     inner = optimizer.optimizer
@@ -125,7 +272,7 @@ def load_optimizer(source: Path | dict[str, Any], optimizer: Any, models: Sequen
         set_optimizer_state_dict(model, inner, source, options=_options(True))
     else:
         state = {"optimizer": get_optimizer_state_dict(model, inner, options=_options(False))}
-        _load(state, source)
+        _load(state, source, listed)
         set_optimizer_state_dict(model, inner, state["optimizer"], options=_options(False))
     for group in inner.param_groups:  # torch's loader hands tuples (Adam's betas) back as lists
         for key, default in inner.defaults.items():

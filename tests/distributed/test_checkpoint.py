@@ -3,11 +3,13 @@
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
 from runner.engine import Accelerator, CheckpointError, ProjectConfiguration
 from tests.helpers import loader, regression_data, small_model
+from tests.unit.engine.tmpfs import tmpfs_runner
 
 
 def _build(project_dir):
@@ -138,3 +140,49 @@ def test_a_failed_write_on_one_rank_fails_the_save_on_every_rank_without_hanging
     assert messages[0] == messages[1]
     assert messages[0].startswith("Saving ck failed (rank 1: No space left on device: ")
     assert not (tmp_path / "ck").exists() and not (tmp_path / "ck.incomplete").exists()
+
+
+def _save_until_full(project_dir):
+    accelerator = Accelerator(project_config=ProjectConfiguration(project_dir, automatic_checkpoint_naming=True))
+    model = nn.Linear(1250, 1200)  # 6 MB of weights; AdamW's two moments add 12 MB
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    accelerator.backward(model(torch.randn(2, 1250)).sum())
+    optimizer.step()
+    for saves in range(10):
+        try:
+            accelerator.save_state()
+        except CheckpointError as error:  # every rank hears of rank 0's failure, and raises alike
+            return {"saves": saves, "error": str(error)}
+    return {"saves": 10, "error": None}
+
+
+def save_on_two_processes_until_full(project_dir: str) -> dict:
+    """Runs in a process of its own, whose ``project_dir`` is a small tmpfs (see tests.unit.engine.tmpfs)."""
+    from runner.engine.manifest import read_manifest
+    from tests.distributed.conftest import launch_workers
+
+    results = launch_workers(_save_until_full, project_dir)
+    checkpoints = Path(project_dir) / "checkpoints"
+    listing = sorted(p.name for p in checkpoints.iterdir())
+    verified = [read_manifest(checkpoints / name)["world_size"] for name in listing]
+    return {"results": results, "listing": listing, "verified": verified}
+
+
+@pytest.fixture
+def on_tmpfs(tmp_path):
+    with tmpfs_runner(tmp_path, size="30m") as run:
+        yield run
+
+
+def test_a_full_disk_fails_the_save_on_both_processes_and_keeps_the_checkpoints_before(on_tmpfs):
+    outcome = on_tmpfs(f"{__name__}:save_on_two_processes_until_full")
+    rank0, rank1 = outcome["results"]
+    saved = rank0["saves"]
+    assert saved >= 1 and rank1 == rank0
+    assert outcome["listing"] == [f"checkpoint_{i}" for i in range(saved)] and outcome["verified"] == [2] * saved
+    staging = Path(rank0["error"].split("No space left on device: ")[1].split(")")[0])
+    assert staging.name == "optimizer.bin.tmp" and staging.parent.name == f"checkpoint_{saved}.incomplete"
+    assert rank0["error"] == (
+        f"Saving checkpoint_{saved} failed (rank 0: No space left on device: {staging}); the checkpoints saved before "
+        "it are intact, so free the space (or fix the folder) and resume from the newest of them."
+    )

@@ -4,6 +4,7 @@ import torch
 
 from runner.checkpoints import describe, format_table, main
 from runner.engine import Accelerator, ProjectConfiguration
+from tests.unit.engine.checkpoint_edits import rewrite_manifest
 
 
 def make_run(run_dir):
@@ -45,3 +46,23 @@ def test_listing_reports_each_checkpoint_and_its_integrity(tmp_path, capsys):
 def test_a_folder_without_checkpoints_is_refused(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "has no checkpoints/ folder; pass a run folder" in capsys.readouterr().err
+
+
+def test_a_damaged_manifest_or_a_linked_folder_is_listed_not_a_traceback(tmp_path, capsys):
+    checkpoints = make_run(tmp_path)
+    rewrite_manifest(checkpoints / "checkpoint_0", lambda m: m.update(chunk_bytes=0))
+    (checkpoints / "checkpoint_1" / "manifest.json").write_text("{not json")
+    (checkpoints / "checkpoint_5").symlink_to(checkpoints / "checkpoint_2")
+
+    records = describe(tmp_path)
+    assert [(r["name"], r["step"], r["status"]) for r in records] == [
+        ("checkpoint_0", 5, "damaged: manifest.json: chunk_bytes is 0, not a positive integer; the manifest is "
+         "damaged, so load a different checkpoint."),
+        ("checkpoint_1", None, "damaged: manifest.json: it is not valid JSON (Expecting property name enclosed in "
+         "double quotes: line 1 column 2 (char 1)); the manifest is damaged, so load a different checkpoint."),
+        ("checkpoint_2", 15, "intact"),
+        ("checkpoint_5", None, "ignored: a symbolic link, not a checkpoint of this run"),
+    ]  # fmt: skip
+    assert main([str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 5 and lines[1].split()[:2] == ["checkpoint_0", "5"] and "chunk_bytes is 0" in lines[1]

@@ -1,9 +1,48 @@
 import hashlib
 import json
+import os
 
 import pytest
 
-from runner.engine.manifest import CHUNK_BYTES, CheckpointError, read_manifest, write_manifest
+from runner.engine import manifest as manifests
+from runner.engine.manifest import (
+    CHUNK_BYTES,
+    MANIFEST_FORMAT,
+    CheckpointError,
+    check_metadata,
+    manifest_digest,
+    read_manifest,
+    write_manifest,
+)
+from tests.unit.engine.checkpoint_edits import rewrite_manifest
+
+CONTENTS = {
+    "models": 1, "optimizers": 0, "schedulers": 0, "custom_objects": 0, "dataloaders": 1, "scaler": False,
+    "gradients": False,
+}  # fmt: skip
+POSITION = {
+    "step": 10, "epoch": 0, "optimizer_steps": [], "accumulation_step": 0, "accumulation_steps": 1,
+    "dataloaders": [{"epoch": 0, "samples_seen": 640, "seed": 1234}],
+}  # fmt: skip
+
+
+def small_checkpoint(folder, **metadata):
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "random_states_0.pt").write_bytes(b"rng")
+    write_manifest(
+        folder,
+        world_size=1,
+        iteration=0,
+        state_format="safetensors",
+        contents=CONTENTS,
+        metadata={**POSITION, **metadata},
+    )
+    return folder
+
+
+def damaged(folder, problem):
+    return f"{folder / 'manifest.json'}: {problem}; the manifest is damaged, so load a different checkpoint."
 
 
 def test_files_are_hashed_by_slice_and_a_flip_is_located(tmp_path):
@@ -11,12 +50,16 @@ def test_files_are_hashed_by_slice_and_a_flip_is_located(tmp_path):
     checkpoint.mkdir()
     big = checkpoint / "model.safetensors"
     big.write_bytes(bytes(range(256)) * ((CHUNK_BYTES + (8 << 20)) // 256))  # two slices: 32 MiB + 8 MiB
-    (checkpoint / "empty.bin").write_bytes(b"")
-    write_manifest(checkpoint, world_size=1, iteration=0, metadata={"step": 3})
+    (checkpoint / "random_states_0.pt").write_bytes(b"")
+    write_manifest(
+        checkpoint, world_size=1, iteration=0, state_format="safetensors", contents=CONTENTS, metadata={"step": 3}
+    )
     manifest = read_manifest(checkpoint)
-    assert manifest["format"] == 3 and manifest["chunk_bytes"] == CHUNK_BYTES and manifest["step"] == 3
-    assert [len(entry["sha256_chunks"]) for entry in manifest["files"].values()] == [1, 2]
-    assert manifest["files"]["empty.bin"]["sha256_chunks"] == [hashlib.sha256(b"").hexdigest()]
+    assert manifest["format"] == MANIFEST_FORMAT == 4 and manifest["chunk_bytes"] == CHUNK_BYTES
+    assert manifest["step"] == 3 and manifest["state_format"] == "safetensors" and manifest["contents"] == CONTENTS
+    assert [len(entry["sha256_chunks"]) for entry in manifest["files"].values()] == [2, 1]
+    assert manifest["files"]["random_states_0.pt"]["sha256_chunks"] == [hashlib.sha256(b"").hexdigest()]
+    assert manifest["digest"] == manifest_digest(manifest)
 
     data = bytearray(big.read_bytes())
     data[CHUNK_BYTES + 5] ^= 1
@@ -30,11 +73,205 @@ def test_files_are_hashed_by_slice_and_a_flip_is_located(tmp_path):
     assert read_manifest(checkpoint, verify_checksums=False)["step"] == 3  # sizes alone cannot see a flip
 
 
-def test_a_manifest_with_whole_file_digests_still_verifies(tmp_path):
+def test_the_digest_covers_every_key_the_engine_and_the_caller_wrote(tmp_path):
+    folder = small_checkpoint(tmp_path / "checkpoint_0", config_sha256="ab" * 32)
+    original = (folder / "manifest.json").read_text()
+    for edit in (
+        lambda m: m["dataloaders"][0].update(samples_seen=641),
+        lambda m: m["dataloaders"][0].update(samples_seen=10**9),
+        lambda m: m.update(step=1000),
+        lambda m: m.update(world_size=2),
+        lambda m: m.update(config_sha256="cd" * 32),  # a key of the runner's, not the engine's
+    ):
+        (folder / "manifest.json").write_text(original)
+        rewrite_manifest(folder, edit, redigest=False)
+        with pytest.raises(CheckpointError) as error:
+            read_manifest(folder, verify_checksums=False)
+        assert str(error.value) == damaged(
+            folder, "its digest does not match its content (it was edited or damaged after the save)"
+        )
+    (folder / "manifest.json").write_text(original)
+    assert read_manifest(folder)["dataloaders"][0]["samples_seen"] == 640
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda m: m.update(step="ten"), "step is 'ten', not a non-negative integer or null"),
+        (lambda m: m.update(step=-1), "step is -1, not a non-negative integer or null"),
+        (lambda m: m.update(step=True), "step is True, not a non-negative integer or null"),
+        (lambda m: m.update(chunk_bytes=0), "chunk_bytes is 0, not a positive integer"),
+        (lambda m: m.update(world_size=0), "world_size is 0, not a positive integer"),
+        (lambda m: m.update(world_size=1.5), "world_size is 1.5, not a positive integer"),
+        (lambda m: m.update(iteration=-2), "iteration is -2, not a non-negative integer or null"),
+        (lambda m: m.update(epoch="0"), "epoch is '0', not a non-negative integer or null"),
+        (lambda m: m.update(optimizer_steps=[1, -1]),
+         "optimizer_steps is [1, -1], not a list of non-negative integers"),
+        (lambda m: m.update(accumulation_step=None), "accumulation_step is None, not a non-negative integer"),
+        (lambda m: m.update(accumulation_steps=0), "accumulation_steps is 0, not a positive integer"),
+        (lambda m: m.update(dataloaders={"epoch": 0}), "dataloaders is {'epoch': 0}, not a list of objects"),
+        (lambda m: m.update(dataloaders=[[0, 640]]), "dataloaders is [[0, 640]], not a list of objects"),
+        (lambda m: m["dataloaders"][0].update(samples_seen=-640),
+         "dataloaders[0].samples_seen is -640, not a non-negative integer"),
+        (lambda m: m["dataloaders"][0].pop("epoch"), "dataloaders[0].epoch is missing"),
+        (lambda m: m["dataloaders"][0].update(seed="x"), "dataloaders[0].seed is 'x', not an integer"),
+        (lambda m: m.update(state_format="pickle"), "state_format is 'pickle', not 'safetensors' or 'dcp'"),
+        (lambda m: m.pop("contents"), "contents is missing"),
+        (lambda m: m["contents"].update(optimizers="1"), "contents.optimizers is '1', not a non-negative integer"),
+        (lambda m: m["contents"].update(scaler=0), "contents.scaler is 0, not true or false"),
+        (lambda m: m.update(files=[]), "files is [], not an object"),
+        (lambda m: m["files"]["model.safetensors"].update(bytes="7"),
+         "files['model.safetensors'].bytes is '7', not a non-negative integer"),
+        (lambda m: m["files"]["model.safetensors"].update(sha256_chunks=["beef"]),
+         "files['model.safetensors'].sha256_chunks is ['beef'], not a list of sha256 hex digests"),
+        (lambda m: m["files"]["model.safetensors"].update(sha256_chunks=[]),
+         "files['model.safetensors'].sha256_chunks has 0 digests, not 1 for 7 bytes"),
+        (lambda m: m.update(created=20240101), "created is 20240101, not a string"),
+        (lambda m: m.update(format="4"), "format is '4', not 4"),
+        (lambda m: m.update(format=5), "format is 5, not 4"),
+    ],
+)  # fmt: skip
+def test_every_field_is_checked_for_its_type_and_range(tmp_path, edit, problem):
+    folder = small_checkpoint(tmp_path / "checkpoint_0")
+    rewrite_manifest(folder, edit)  # with a matching digest: the field itself is refused
+    with pytest.raises(CheckpointError) as error:
+        read_manifest(folder, verify_checksums=False)
+    assert str(error.value) == damaged(folder, problem)
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda m: m["contents"].update(scaler=True), "files does not list scaler.pt"),
+        (
+            lambda m: m.update(optimizer_steps=[0]) or m["contents"].update(optimizers=1),
+            "files does not list optimizer.bin",
+        ),
+        (lambda m: m["contents"].update(models=2), "files does not list model_1.safetensors"),
+        (lambda m: m.update(world_size=2), "files does not list random_states_1.pt"),
+        (lambda m: m.update(files={}), "files does not list model.safetensors"),
+        (lambda m: m.update(state_format="dcp"), "files does not list model/.metadata"),
+        (
+            lambda m: m.update(accumulation_step=1, accumulation_steps=2) or m["contents"].update(gradients=True),
+            "files does not list gradients_0.safetensors",
+        ),
+        (lambda m: m["contents"].update(schedulers=1), "files does not list scheduler.bin"),
+        (lambda m: m["contents"].update(custom_objects=1), "files does not list custom_checkpoint_0.pt"),
+    ],
+)
+def test_a_listing_that_lacks_what_the_contents_call_for_is_damaged(tmp_path, edit, problem):
+    folder = small_checkpoint(tmp_path / "checkpoint_0")
+    rewrite_manifest(folder, edit)
+    with pytest.raises(CheckpointError) as error:
+        read_manifest(folder, verify_checksums=False)
+    assert str(error.value) == damaged(folder, f"{problem}, which its contents and state_format call for")
+
+
+def test_gradients_are_recorded_exactly_for_a_save_in_the_middle_of_a_cycle(tmp_path):
+    folder = small_checkpoint(tmp_path / "checkpoint_0")
+    rewrite_manifest(folder, lambda m: m.update(accumulation_step=3, accumulation_steps=4))
+    with pytest.raises(CheckpointError) as error:
+        read_manifest(folder)
+    assert str(error.value) == damaged(
+        folder, "contents.gradients is false, but accumulation_step 3 of 4 says otherwise"
+    )
+
+
+def test_a_listing_that_drops_the_loaders_or_their_steps_is_damaged(tmp_path):
+    folder = small_checkpoint(tmp_path / "checkpoint_0")
+    original = (folder / "manifest.json").read_text()
+    rewrite_manifest(folder, lambda m: m.update(dataloaders=[]))
+    with pytest.raises(CheckpointError) as error:
+        read_manifest(folder)
+    assert str(error.value) == damaged(folder, "dataloaders lists 0 position(s), not contents.dataloaders")
+    (folder / "manifest.json").write_text(original)
+    rewrite_manifest(folder, lambda m: m.update(optimizer_steps=[4]))
+    with pytest.raises(CheckpointError) as error:
+        read_manifest(folder)
+    assert str(error.value) == damaged(folder, "optimizer_steps lists 1 count(s), not contents.optimizers")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["../../outside.txt", "../checkpoint_1/model.safetensors", "/etc/hostname", "a/../../outside.txt", "./x", "a//b",
+     "", "manifest.json", "a\\..\\b"],
+)  # fmt: skip
+def test_names_outside_the_folder_are_refused_before_anything_is_touched(tmp_path, monkeypatch, name):
+    folder = small_checkpoint(tmp_path / "checkpoint_0")
+    (tmp_path / "outside.txt").write_text("not the checkpoint's")
+    rewrite_manifest(folder, lambda m: m["files"].update({name: {"bytes": 3, "sha256_chunks": ["0" * 64]}}))
+    touched = []
+    lstat = os.lstat
+    monkeypatch.setattr(os, "lstat", lambda path, *args, **kwargs: touched.append(path) or lstat(path, *args, **kwargs))
+    monkeypatch.setattr(manifests, "sha256_of", lambda path, *args: touched.append(path))
+    with pytest.raises(CheckpointError) as error:
+        read_manifest(folder)
+    assert str(error.value) == damaged(
+        folder, f"files lists {name!r}, which is not a path inside the checkpoint folder"
+    )
+    assert touched == []
+
+
+def test_a_listed_symlink_or_a_name_through_one_is_refused_before_it_is_hashed(tmp_path, monkeypatch):
+    folder = small_checkpoint(tmp_path / "checkpoint_0")
+    outside = tmp_path / "secrets"
+    outside.mkdir()
+    (outside / "key.txt").write_text("0123456789")
+    (folder / "linked").symlink_to(outside)
+    (folder / "config.yaml").symlink_to(outside / "key.txt")
+    original = (folder / "manifest.json").read_text()
+    hashed = []
+    monkeypatch.setattr(manifests, "sha256_of", lambda path, *args: hashed.append(path))
+    for name, sentence in (
+        ("linked/key.txt", f"{folder / 'linked/key.txt'} goes through the symbolic link {folder / 'linked'}"),
+        ("config.yaml", f"{folder / 'config.yaml'} is a symbolic link"),
+    ):
+        (folder / "manifest.json").write_text(original)
+        entry = {name: {"bytes": 10, "sha256_chunks": ["0" * 64]}}
+        rewrite_manifest(folder, lambda m, entry=entry: m["files"].update(entry))
+        with pytest.raises(CheckpointError) as error:
+            read_manifest(folder)
+        assert str(error.value) == f"{sentence}; a checkpoint holds only its own files, so load a different checkpoint."
+        assert "10 bytes" not in str(error.value) and hashed == []
+
+
+def test_a_manifest_of_an_earlier_format_is_refused(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"weights")
-    files = {"model.safetensors": {"bytes": 7, "sha256": hashlib.sha256(b"weights").hexdigest()}}
-    (tmp_path / "manifest.json").write_text(json.dumps({"format": 2, "step": 1, "files": files}))
-    assert read_manifest(tmp_path)["step"] == 1
-    (tmp_path / "model.safetensors").write_bytes(b"weighty")
-    with pytest.raises(CheckpointError, match=r"model.safetensors does not match its sha256 in the manifest; the"):
-        read_manifest(tmp_path)
+    for old in (
+        {"format": 2, "step": 1, "files": {"model.safetensors": {"bytes": 7, "sha256": "0" * 64}}},
+        {"format": 3, "chunk_bytes": CHUNK_BYTES, "world_size": 1, "files": {}},
+    ):
+        (tmp_path / "manifest.json").write_text(json.dumps(old))
+        with pytest.raises(CheckpointError) as error:
+            read_manifest(tmp_path)
+        assert str(error.value) == (
+            f"{tmp_path / 'manifest.json'}: format is {old['format']}, not 4: it was written by an earlier version "
+            "and carries no digest of its own, so load a checkpoint saved by this version or start a new run."
+        )
+
+
+def test_a_manifest_that_is_not_json_is_one_sentence(tmp_path):
+    folder = small_checkpoint(tmp_path / "checkpoint_0")
+    (folder / "manifest.json").write_text('{"format": 4,')
+    with pytest.raises(CheckpointError) as error:
+        read_manifest(folder)
+    assert str(error.value) == damaged(
+        folder, "it is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 14 (char 13))"
+    )
+    (folder / "manifest.json").write_text("[4]")
+    with pytest.raises(CheckpointError, match=r"manifest.json: it is not a JSON object; the manifest is damaged"):
+        read_manifest(folder)
+
+
+def test_metadata_that_the_manifest_would_refuse_is_refused_at_save(tmp_path):
+    with pytest.raises(ValueError) as error:
+        check_metadata({"files": {}})
+    assert str(error.value) == "save_state(metadata=...) sets 'files', which the manifest records itself; rename it."
+    with pytest.raises(ValueError) as error:
+        check_metadata({"step": "ten"})
+    assert str(error.value) == (
+        "save_state(metadata=...): step is 'ten', not a non-negative integer or null; pass a value of that type."
+    )
+    with pytest.raises(ValueError, match=r"save_state\(metadata=...\) is not JSON \(Object of type set"):
+        check_metadata({"tags": {"a"}})
+    check_metadata({**POSITION, "config_sha256": "ab" * 32, "loss": 0.5})

@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from runner.engine.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from runner.engine.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 from runner.engine.serialization import (
     load_checkpoint_in_model,
     load_state_dict_files,
@@ -106,8 +106,12 @@ def test_single_file_roundtrip(tmp_path):
     model = Stack()
     written = save_model_files(model.state_dict(), tmp_path)
 
-    assert written == [tmp_path / SAFE_WEIGHTS_NAME]
-    assert _weight_files(tmp_path) == [SAFE_WEIGHTS_NAME]
+    assert written == [tmp_path / SAFE_WEIGHTS_NAME, tmp_path / SAFE_WEIGHTS_INDEX_NAME]
+    assert _weight_files(tmp_path) == [SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME]
+    index = json.loads((tmp_path / SAFE_WEIGHTS_INDEX_NAME).read_text())  # the record of what this save wrote
+    assert set(index["weight_map"].values()) == {SAFE_WEIGHTS_NAME} and sorted(index["weight_map"]) == sorted(
+        model.state_dict()
+    )
 
     torch.manual_seed(1)
     fresh = Stack()
@@ -179,7 +183,7 @@ def test_resave_with_fewer_shards_removes_stale_ones(tmp_path):
 
     # Back to one file: shards and index go too.
     save_model_files(model.state_dict(), tmp_path)
-    assert _weight_files(tmp_path) == sorted([SAFE_WEIGHTS_NAME, "notes.txt"])
+    assert _weight_files(tmp_path) == sorted([SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, "notes.txt"])
     _assert_same(load_state_dict_files(tmp_path), model.state_dict())
 
 
@@ -187,7 +191,7 @@ def test_switching_format_removes_the_other_format(tmp_path):
     model = Stack(depth=2)
     save_model_files(model.state_dict(), tmp_path)
     save_model_files(model.state_dict(), tmp_path, safe_serialization=False)
-    assert _weight_files(tmp_path) == [WEIGHTS_NAME]
+    assert _weight_files(tmp_path) == [WEIGHTS_NAME, WEIGHTS_INDEX_NAME]
     save_model_files(model.state_dict(), tmp_path, max_shard_size=1100)
     assert _weight_files(tmp_path) == sorted(
         ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", SAFE_WEIGHTS_INDEX_NAME]
@@ -204,7 +208,7 @@ def test_tied_weights_stored_once_and_restored(tmp_path):
     assert state_dict["embed.weight"].data_ptr() == state_dict["head.weight"].data_ptr()
 
     written = save_model_files(state_dict, tmp_path)
-    assert written == [tmp_path / SAFE_WEIGHTS_NAME]
+    assert written == [tmp_path / SAFE_WEIGHTS_NAME, tmp_path / SAFE_WEIGHTS_INDEX_NAME]
 
     with safe_open(str(tmp_path / SAFE_WEIGHTS_NAME), framework="pt") as f:
         stored = sorted(f.keys())
@@ -262,8 +266,8 @@ def test_pickle_format_roundtrip(tmp_path):
     torch.manual_seed(0)
     model = Counter()
     written = save_model_files(model.state_dict(), tmp_path, safe_serialization=False)
-    assert written == [tmp_path / WEIGHTS_NAME]
-    assert _weight_files(tmp_path) == [WEIGHTS_NAME]
+    assert written == [tmp_path / WEIGHTS_NAME, tmp_path / WEIGHTS_INDEX_NAME]
+    assert _weight_files(tmp_path) == [WEIGHTS_NAME, WEIGHTS_INDEX_NAME]
 
     torch.manual_seed(1)
     fresh = Counter()
@@ -351,3 +355,82 @@ def test_save_into_a_file_path_raises(tmp_path):
     target.write_text("a file")
     with pytest.raises(ValueError, match="is a file"):
         save_model_files(Stack(depth=1).state_dict(), target)
+
+
+# ---------------------------------------------------------------------------------------------- only our own files
+
+
+def test_resaving_leaves_weights_it_did_not_write(tmp_path):
+    (tmp_path / WEIGHTS_NAME).write_bytes(b"the user's")
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"the user's shard")
+    foreign = {"metadata": {"total_size": 1}, "weight_map": {"a": "model-00001-of-00002.safetensors"}}
+    (tmp_path / WEIGHTS_INDEX_NAME).write_text(json.dumps(foreign))  # an index of someone else's: not a record of ours
+    model = Stack(depth=2)
+    save_model_files(model.state_dict(), tmp_path)
+    assert _weight_files(tmp_path) == sorted(
+        [
+            SAFE_WEIGHTS_NAME,
+            SAFE_WEIGHTS_INDEX_NAME,
+            WEIGHTS_NAME,
+            WEIGHTS_INDEX_NAME,
+            "model-00001-of-00002.safetensors",
+        ]
+    )
+    assert (tmp_path / WEIGHTS_NAME).read_bytes() == b"the user's"
+    assert (tmp_path / "model-00001-of-00002.safetensors").read_bytes() == b"the user's shard"
+    _assert_same(load_state_dict_files(tmp_path), model.state_dict())
+
+
+def test_only_our_own_names_that_our_index_records_are_removed(tmp_path):
+    save_model_files(Stack(depth=2).state_dict(), tmp_path, max_shard_size=1100)
+    index = json.loads((tmp_path / SAFE_WEIGHTS_INDEX_NAME).read_text())
+    index["weight_map"].update({"x": "notes.txt", "y": "../outside.safetensors", "z": "sub/model.safetensors"})
+    (tmp_path / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index))
+    (tmp_path / "notes.txt").write_text("keep")
+    (tmp_path.parent / "outside.safetensors").write_text("keep")
+    save_model_files(Stack(depth=2).state_dict(), tmp_path)
+    assert _weight_files(tmp_path) == sorted([SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, "notes.txt"])
+    assert (tmp_path.parent / "outside.safetensors").read_text() == "keep"
+
+
+def test_a_symlinked_save_directory_is_refused(tmp_path):
+    users = tmp_path / "users_models"
+    users.mkdir()
+    (users / WEIGHTS_NAME).write_bytes(b"theirs")
+    (tmp_path / "model").symlink_to(users)
+    with pytest.raises(ValueError) as error:
+        save_model_files(Stack(depth=1).state_dict(), tmp_path / "model")
+    assert str(error.value) == (
+        f"save_model writes only into a real folder, but {tmp_path / 'model'} is a symbolic link; pass the folder "
+        "it points to, or another path."
+    )
+    assert _weight_files(users) == [WEIGHTS_NAME] and (users / WEIGHTS_NAME).read_bytes() == b"theirs"
+
+
+def test_links_in_the_folder_are_replaced_or_left_never_written_or_deleted_through(tmp_path):
+    folder, outside = tmp_path / "model", tmp_path / "outside"
+    outside.mkdir()
+    for name in ("weights", "partial", "shard"):
+        (outside / name).write_bytes(b"theirs")
+    save_model_files(Stack(depth=2).state_dict(), folder, max_shard_size=1100)  # two shards of ours
+    (folder / "model-00002-of-00002.safetensors").unlink()
+    (folder / "model-00002-of-00002.safetensors").symlink_to(outside / "shard")  # recorded, but now a link
+    (folder / SAFE_WEIGHTS_NAME).symlink_to(outside / "weights")
+    (folder / f"{SAFE_WEIGHTS_NAME}.tmp").symlink_to(outside / "partial")
+    model = Stack(depth=2)
+    save_model_files(model.state_dict(), folder)
+    assert [(outside / name).read_bytes() for name in ("weights", "partial", "shard")] == [b"theirs"] * 3
+    assert not (folder / SAFE_WEIGHTS_NAME).is_symlink() and not (folder / f"{SAFE_WEIGHTS_NAME}.tmp").exists()
+    assert (folder / "model-00002-of-00002.safetensors").is_symlink()  # not ours to delete any more
+    _assert_same(load_state_dict_files(folder), model.state_dict())
+
+
+def test_weights_of_someone_else_that_would_be_loaded_instead_are_refused(tmp_path):
+    (tmp_path / SAFE_WEIGHTS_NAME).write_bytes(b"the user's")
+    with pytest.raises(ValueError) as error:
+        save_model_files(Stack(depth=1).state_dict(), tmp_path, safe_serialization=False)
+    assert str(error.value) == (
+        f"{tmp_path / SAFE_WEIGHTS_NAME} was not written by save_model, and loading {tmp_path} would read it instead "
+        "of the new weights; move it away, or save to another folder."
+    )
+    assert _weight_files(tmp_path) == [SAFE_WEIGHTS_NAME]

@@ -1,0 +1,49 @@
+"""Edits to a saved checkpoint, as someone crafting or damaging one would make them."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from runner.engine.manifest import chunk_digests, manifest_digest
+
+
+class CreatesFile:
+    """Unpickling this creates ``path``: the smallest pickle that runs code."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return open, (str(self.path), "w")
+
+
+def code_running_pickle(marker: Path) -> bytes:
+    return pickle.dumps(CreatesFile(marker))
+
+
+def rewrite_manifest(
+    checkpoint: Path,
+    edit: Callable[[dict], None] | None = None,
+    *,
+    drop: Iterable[str] = (),
+    relist: Iterable[str] = (),
+    redigest: bool = True,
+) -> dict:
+    """Edit ``checkpoint``'s manifest: ``edit`` it, remove the ``drop`` files from it, list the ``relist``
+    files as they are now on disk, and (unless ``redigest=False``) give it a matching digest again."""
+    path = checkpoint / "manifest.json"
+    manifest = json.loads(path.read_text())
+    if edit is not None:
+        edit(manifest)
+    for name in drop:
+        del manifest["files"][name]
+    for name in relist:
+        [digests] = chunk_digests([checkpoint / name], manifest["chunk_bytes"])
+        manifest["files"][name] = {"bytes": (checkpoint / name).stat().st_size, "sha256_chunks": digests}
+    if redigest:
+        manifest["digest"] = manifest_digest(manifest)
+    path.write_text(json.dumps(manifest, indent=2))
+    return manifest
