@@ -32,7 +32,7 @@ from runner.config import (
     register_configs,
     validate,
 )
-from runner.preflight import check_rendezvous_port, check_writable
+from runner.preflight import check_rendezvous_port, check_writable, wait_for_rendezvous
 from runner.startup import restart, stamp, stamps
 
 logger = logging.getLogger("runner")
@@ -51,6 +51,7 @@ def cli() -> None:
     """``python -m runner [overrides]`` (and the ``runner`` console script): Hydra's command line, checked first."""
     from runner.data.download import DataFileError, DownloadError
     from runner.lock import FolderLocked, RunLock
+    from runner.run_folder import check_run_folders, claim_default_run_folder
     from runner.worker import exit_without_finalizing
 
     register_configs()
@@ -58,13 +59,19 @@ def cli() -> None:
     try:
         if print_help(sys.argv[1:]):
             return
+        check_run_folders(sys.argv[1:])  # no links in a run folder, before a resumed one is even read
         sys.argv = [sys.argv[0], *prepare_command_line(sys.argv[1:])]
         stamp("check the command line")
         # A run folder named on the command line is taken before Hydra writes its record into it.
         named = _named_run_folder(sys.argv[1:])
+        check_run_folders(sys.argv[1:])  # and those that resume, torchrun and Slurm name
         if named is not None:
             check_writable(*named)
         lock = RunLock(named[0]).acquire() if named is not None else None
+        claimed = claim_default_run_folder(sys.argv[1:])  # Hydra's default folder, made this run's own
+        if claimed is not None:
+            sys.argv.append(f"hydra.run.dir={_hydra_value(str(claimed))}")
+            lock = lock or RunLock(claimed).acquire()
     except ConfigError as error:
         print(f"runner: error: {error}", file=sys.stderr)
         sys.exit(USAGE_ERROR)
@@ -154,6 +161,8 @@ def main(cfg: DictConfig) -> float | None:
         check_writable(project_dir, "project.project_dir")
         if cfg.trainer.num_nodes > 1 and cfg.trainer.node_rank == 0:
             check_rendezvous_port(cfg.trainer.rdzv_endpoint)
+        elif cfg.trainer.num_nodes > 1:
+            wait_for_rendezvous(cfg.trainer.rdzv_endpoint, timeout=cfg.trainer.rdzv_timeout)
         prepare_datasets(cfg.data)  # once, here (downloads, checks), rather than racing in every worker
         config = OmegaConf.to_container(cfg, resolve=True)
         config["project"]["project_dir"] = str(project_dir)
@@ -229,7 +238,8 @@ def _project_dir(cfg: DictConfig) -> Path:
 
 def _resume(cfg: DictConfig, task_overrides: list[str]) -> tuple[DictConfig, list[str]]:
     """The resumed run's config with this command's new overrides, and the overrides it now stands for."""
-    from runner.resume import find_checkpoint, resumed_config, saved_overrides
+    from runner.provenance import check_resumable
+    from runner.resume import find_checkpoint, resumed_config, saved_overrides, schedule_change
 
     # The command line already chose and verified the checkpoint (resume= now names it exactly);
     # each worker's load_state verifies it again, so sizes suffice here.
@@ -237,11 +247,22 @@ def _resume(cfg: DictConfig, task_overrides: list[str]) -> tuple[DictConfig, lis
     saved = [o for o in saved_overrides(checkpoint) if not _is_resume(o)]
     given = [o for o in task_overrides if not _is_resume(o)]
     new = given[len(saved) :] if given[: len(saved)] == saved else given
+    # The command line replays the folder's own overrides first: only the new ones were typed.
+    check_resumable(checkpoint, path=cfg.resume, overrides=new, search_path=_hydra_search_path())
     resumed = resumed_config(checkpoint, new)
     resumed.project.project_dir = str(run_dir)
     resumed.resume = str(checkpoint)
+    if (change := schedule_change(checkpoint, resumed)) is not None:
+        logger.warning("%s.", change)
     logger.info("Resuming %s from %s with new overrides %s", run_dir, checkpoint.name, new)
     return resumed, _last_per_key(saved + new)
+
+
+def _hydra_search_path() -> list[str]:
+    """This run's config folders as search-path entries (``file://...``, ``pkg://...``)."""
+    if not HydraConfig.initialized():
+        return []
+    return [f"{source.schema}://{source.path}" for source in HydraConfig.get().runtime.config_sources if source.path]
 
 
 def _last_per_key(overrides: list[str]) -> list[str]:
@@ -319,6 +340,18 @@ def search_path_overrides(overrides: list[str], *, config_dir: str | None) -> li
     Raises:
         ConfigError: ``--config-dir`` is not a folder, or ``hydra.searchpath`` is not a list.
     """
+    entries = search_path_entries(overrides, config_dir=config_dir)
+    if not entries:
+        return []
+    return ["hydra.searchpath=[" + ",".join(_hydra_value(entry) for entry in entries) + "]"]
+
+
+def search_path_entries(overrides: list[str], *, config_dir: str | None) -> list[str]:
+    """``--config-dir`` (as ``file://<folder>``) and the entries of the command line's ``hydra.searchpath``.
+
+    Raises:
+        ConfigError: ``--config-dir`` is not a folder, or ``hydra.searchpath`` is not a list.
+    """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     entries = []
@@ -332,9 +365,7 @@ def search_path_overrides(overrides: list[str], *, config_dir: str | None) -> li
         if not isinstance(value, list):
             raise ConfigError(f"{line} must be a list, e.g. hydra.searchpath=[file://./conf] or [pkg://mylab.conf].")
         entries += [str(entry) for entry in value]
-    if not entries:
-        return []
-    return ["hydra.searchpath=[" + ",".join(_hydra_value(entry) for entry in entries) + "]"]
+    return entries
 
 
 def prepare_command_line(argv: list[str]) -> list[str]:
@@ -355,16 +386,20 @@ def prepare_command_line(argv: list[str]) -> list[str]:
     if resume:
         if args.multirun:
             raise ConfigError("resume= continues one run; drop -m/--multirun.")
-        checkpoint, saved, extra = _resume_command_line(resume, overrides)
+        checkpoint, saved, extra = _resume_command_line(resume, overrides, config_dir=args.config_dir)
         overrides = saved + [f"resume={_hydra_value(str(checkpoint))}" if _is_resume(o) else o for o in overrides]
     if slurm.under_srun() and not args.multirun:
         given = dict(o.lstrip("+").split("=", 1) for o in overrides + extra if "=" in o)
         overrides += slurm.command_line(given)  # checked with the rest: they must make a valid config too
     check_plugins(overrides)
     if not args.config_path:
-        check_overrides(
+        cfg = check_overrides(
             overrides, config_name=args.config_name or CONFIG_NAME, config_dir=args.config_dir, targets=not args.cfg
         )
+        if resume:
+            from runner.resume import check_extent
+
+            check_extent(checkpoint, cfg, path=resume)
     if _under_torchrun() and not args.multirun and not _sets(overrides, "hydra.run.dir") and not resume:
         extra += _torchrun_run_dir()
     return flags + overrides + extra
@@ -400,10 +435,16 @@ def check_plugins(overrides: list[str]) -> None:
             )
 
 
-def _resume_command_line(resume: str, overrides: list[str]) -> tuple[Path, list[str], list[str]]:
+def _resume_command_line(
+    resume: str, overrides: list[str], *, config_dir: str | None
+) -> tuple[Path, list[str], list[str]]:
+    from runner.provenance import check_resumable
     from runner.resume import find_checkpoint, saved_overrides
 
     run_dir, checkpoint = find_checkpoint(resume)
+    # Before anything of the folder's config is composed, validated or imported: it may name code.
+    search_path = search_path_entries(overrides, config_dir=config_dir)
+    check_resumable(checkpoint, path=resume, overrides=overrides, search_path=search_path)
     switched = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in _GROUPS]
     if switched:
         raise ConfigError(
@@ -429,8 +470,8 @@ def _sets(overrides: list[str], key: str) -> bool:
 
 def check_overrides(
     overrides: list[str], *, config_name: str = CONFIG_NAME, config_dir: str | None = None, targets: bool = True
-) -> None:
-    """Compose the config once with ``overrides`` (sweeps reduced to their first value).
+) -> DictConfig:
+    """Compose the config once with ``overrides`` (sweeps reduced to their first value); returns it.
 
     With ``targets`` every ``_target_`` is also imported and its keys checked against its signature,
     and the datasets are prepared (``prepare_data``: fetched or checked). That imports the user's
@@ -472,14 +513,17 @@ def check_overrides(
         raise ConfigError(f"{unknown[0]} is not a config key; remove it (valid top-level keys: {', '.join(valid)}).")
     validate(cfg)
     if targets:
+        from runner.components import check_construction
         from runner.data import prepare_datasets
         from runner.targets import check_targets
 
         check_targets(cfg)
+        check_construction(cfg)
         if not cfg.resume:
             prepare_datasets(cfg.data)  # before Hydra writes anything: missing files, splits that select nothing
     if not cfg.resume:
         check_hardware(cfg)
+    return cfg
 
 
 def describe_composition_error(error: Exception, overrides: list[str], config_name: str = CONFIG_NAME) -> str:

@@ -16,8 +16,9 @@ from typing import Any
 
 from runner.config import MODEL_COMPUTES_LOSS, ConfigError
 
-# Errors by which a constructor says a value is wrong; anything else raised inside is a bug (traceback).
-_REJECTIONS = (ValueError, TypeError, FileNotFoundError)
+# Errors by which a constructor says a value is wrong (torch raises RuntimeError for a negative size, an
+# ``assert`` on an argument is AssertionError); anything else raised inside is a bug (traceback).
+_REJECTIONS = (ValueError, TypeError, FileNotFoundError, RuntimeError, AssertionError)
 LABELS = "labels"  # the targets of a dict batch (Hugging Face's name)
 
 
@@ -46,7 +47,7 @@ def build(node, *, key: str, target: str | None = None, **kwargs: Any) -> Any:
             raise ConfigError(f"{key}: {str(error).splitlines()[0]}") from None
         if isinstance(cause, (DataFileError, DownloadError)) or not isinstance(cause, _REJECTIONS):
             raise cause from None
-        raise rejected(key, target or node._target_, cause) from None
+        raise rejected(key, target or node._target_, cause, arguments={**_arguments(node), **kwargs}) from None
 
 
 def call(factory, *args: Any, key: str, target: str) -> Any:
@@ -54,20 +55,88 @@ def call(factory, *args: Any, key: str, target: str) -> Any:
     rejected value reported as a ConfigError naming ``key``."""
     try:
         return factory(*args)
-    except (ValueError, TypeError) as error:
-        raise rejected(key, target, error) from None
+    except _REJECTIONS as error:
+        raise rejected(key, target, error, arguments=getattr(factory, "keywords", None)) from None
 
 
-def rejected(key: str, target: str, error: BaseException) -> ConfigError:
-    """One sentence for a constructor that rejected the values under ``key``.
+def rejected(key: str, target: str, error: BaseException, *, arguments: Mapping | None = None) -> ConfigError:
+    """One sentence for a constructor that rejected the values under ``key``:
+    ``model: MnistCNN(channels=0, hidden=128) failed: <its message>; fix the model.* keys.``
 
     A message that is a whole sentence (it ends with a period: ours say what to change) is kept as
     it is; a terse one ("Invalid learning rate: -1.0") is told where to fix it.
     """
-    message = str(error).splitlines()[0].strip() if str(error).strip() else type(error).__name__
+    message = str(error).strip().splitlines()[0].strip() if str(error).strip() else type(error).__name__
+    shown = {name: value for name, value in (arguments or {}).items() if not str(name).startswith("_")}
+    values = ", ".join(f"{name}={_short(value)}" for name, value in shown.items())
+    if len(values) > 160:
+        values = values[:157] + "..."
+    called = f"{target.rsplit('.', 1)[-1]}({values})"
     if message.endswith("."):
-        return ConfigError(f"{key} ({target}): {message}")
-    return ConfigError(f"{key} ({target}) rejected its arguments: {message}; fix the {key}.* keys.")
+        return ConfigError(f"{key}: {called} failed: {message}")
+    return ConfigError(f"{key}: {called} failed: {message}; fix the {key}.* keys.")
+
+
+def _arguments(node) -> dict:
+    """The node's keys with their values, resolved where they resolve."""
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(node, resolve=True)
+    except Exception:  # an interpolation that does not resolve (OmegaConf raises several types): as written
+        return OmegaConf.to_container(node, resolve=False)
+
+
+def _short(value: Any) -> str:
+    """A value as the message shows it: nested nodes and tensors are not spelled out."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value, resolve=False)
+    if isinstance(value, Mapping):
+        return "{...}"
+    if isinstance(value, (list, tuple)) and len(value) <= 4 and all(isinstance(v, (int, float, str)) for v in value):
+        return repr(list(value))
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return repr(value)
+    return f"<{type(value).__name__}>"
+
+
+def check_construction(cfg) -> None:
+    """Build the run's model, optimizer, scheduler, loss and metrics once, in the launching process, so a
+    constructor that rejects a value (``model.channels=0``, ``optimizer.betas=[1.5,0.9]``) stops the run in
+    one sentence before any process starts or anything is written.
+
+    The model is built on the meta device (no memory, no initialisation): checking a large model costs
+    nothing. Recipes other than the supervised one build their model with arguments of their own (the
+    language model's vocabulary size comes from its data), so only their optimizer and scheduler are
+    checked here, on a stand-in parameter. What only the real build can tell (a constructor that reads
+    files, or that the meta device cannot run) is left to the workers, which report it the same way.
+
+    Raises:
+        ConfigError: One sentence naming the node, its values and the constructor's message.
+    """
+    import torch
+
+    from runner.config import RECIPES
+    from runner.metrics import build_metrics
+    from runner.training import build_optimizer, build_scheduler
+
+    try:
+        with torch.device("meta"):
+            parameters = [torch.nn.Parameter(torch.empty(1))]
+            if RECIPES.get(cfg.recipe) == RECIPES["supervised"]:
+                parameters = list(build(cfg.model, key="model").parameters()) or parameters
+            optimizer = build_optimizer(cfg.optimizer, parameters)
+            build_scheduler(cfg.scheduler, optimizer, cfg.trainer.max_steps or 1)
+            build_loss(cfg.loss)
+        build_metrics(cfg.metrics, device="cpu")
+    except ConfigError as error:
+        if "meta" in str(error):  # the meta device, not the value, is what failed: the workers will tell
+            return
+        raise
+    except Exception:  # anything else shows in the real build, with its traceback if it is a bug
+        return
 
 
 # ------------------------------------------------------------------------------------------------ data

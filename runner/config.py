@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +52,7 @@ class TrainerConfig:
     num_nodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
+    rdzv_timeout: int = 900  # seconds a node waits for the rendezvous host and the other nodes (torch's default)
     max_restarts: int = 0
     log_every_n_steps: int | None = 10
     eval_every_n_steps: int | None = None  # null: at the end of each epoch
@@ -196,6 +199,7 @@ class RunnerConfig:
     recipe: str = "supervised"
     seed: int = 42
     resume: str | None = None
+    trust_resume: bool = False  # resume a folder that names code your configs do not (runner.provenance)
 
 
 OPTION_SCHEMAS: dict[str, dict[str, type]] = {
@@ -250,6 +254,12 @@ def validate(cfg: DictConfig) -> None:
     processes = cfg.trainer.num_processes
     if processes != "auto" and not (isinstance(processes, int) and not isinstance(processes, bool) and processes >= 1):
         raise ConfigError(f"trainer.num_processes={processes!r} must be a positive integer or 'auto'.")
+    cores = os.cpu_count() or 1
+    if processes != "auto" and processes > cores:  # each process needs a core of its own (a GPU has more)
+        raise ConfigError(
+            f"trainer.num_processes={processes} is more than this machine's {cores} CPU cores; start at most "
+            f"{cores} processes per node (trainer.num_nodes spreads a run over machines)."
+        )
     _at_least(cfg, "trainer.num_nodes", 1)
     if not 0 <= cfg.trainer.node_rank < cfg.trainer.num_nodes:
         raise ConfigError(
@@ -260,6 +270,7 @@ def validate(cfg: DictConfig) -> None:
     _at_least(cfg, "trainer.max_steps", 1, optional=True)
     _at_least(cfg, "trainer.gradient_accumulation_steps", 1)
     _at_least(cfg, "trainer.max_restarts", 0)
+    _at_least(cfg, "trainer.rdzv_timeout", 1)
     if cfg.trainer.max_grad_norm is not None and cfg.trainer.max_grad_norm <= 0:
         raise ConfigError(f"trainer.max_grad_norm={cfg.trainer.max_grad_norm} must be positive (or null).")
     for cadence in ("log_every_n_steps", "eval_every_n_steps", "checkpoint_every_n_steps"):
@@ -269,6 +280,10 @@ def validate(cfg: DictConfig) -> None:
     _at_least(cfg, "data.num_workers", 0)
     _check_data(cfg)
     _at_least(cfg, "project.total_limit", 1, optional=True)
+    _at_least(cfg, "project.iteration", 0)
+    if not 0 <= cfg.seed < 2**63:
+        raise ConfigError(f"seed={cfg.seed} must be between 0 and 2**63-1 (torch's generators take 64 bits).")
+    _check_option_values(cfg)
     _choice(cfg, "tracker.name", TRACKERS)
     _choice(cfg, "parallel.strategy", STRATEGIES)
     if cfg.parallel.strategy == "fsdp":
@@ -292,6 +307,25 @@ def validate(cfg: DictConfig) -> None:
     _check_loss_and_metrics(cfg)
     _check_recipe_fits(cfg)
     _check_objective(cfg)
+
+
+def _check_option_values(cfg: DictConfig) -> None:
+    """Values the built-in options' schemas type but do not bound (where the option has the key)."""
+    lr = OmegaConf.select(cfg, "optimizer.lr")
+    if isinstance(lr, (int, float)) and not (math.isfinite(lr) and lr > 0):
+        hint = " (0 trains nothing)" if lr == 0 else ""
+        raise ConfigError(f"optimizer.lr={lr} must be a positive number{hint}, e.g. optimizer.lr=1e-3.")
+    warmup = OmegaConf.select(cfg, "scheduler.warmup_steps")
+    if isinstance(warmup, int) and warmup < 0:
+        raise ConfigError(f"scheduler.warmup_steps={warmup} must be at least 0.")
+    ratio = OmegaConf.select(cfg, "scheduler.min_lr_ratio")
+    if isinstance(ratio, (int, float)) and not 0 <= ratio <= 1:
+        raise ConfigError(
+            f"scheduler.min_lr_ratio={ratio} must be between 0 and 1 (the final rate as a fraction of optimizer.lr)."
+        )
+    bucket = OmegaConf.select(cfg, "parallel.bucket_cap_mb")
+    if isinstance(bucket, (int, float)) and bucket <= 0:
+        raise ConfigError(f"parallel.bucket_cap_mb={bucket} must be positive (DDP's gradient bucket size in MiB).")
 
 
 def _is_node(value: Any) -> bool:

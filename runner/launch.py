@@ -76,6 +76,7 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
             run_id=None if num_nodes == 1 else _multinode_run_id(config),
             max_restarts=trainer["max_restarts"],
             monitor_interval=0.1,
+            rdzv_timeout=trainer["rdzv_timeout"],
         )
     except SignalException as error:  # this process got the signal; the workers have stopped and saved
         raise preemption.Preempted(signal.Signals(error.sigval).name, step=-1) from None

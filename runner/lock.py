@@ -2,7 +2,9 @@
 
 The lock is the kernel's (``fcntl.flock``), so it disappears with the process that held it: a
 lock file left by a run that died is simply taken over (with a note naming the dead run). The file
-records who holds it, so a refused run can say which run is writing the folder.
+records who holds it, so a refused run can say which run is writing the folder. It is opened
+with ``O_NOFOLLOW``: a ``.runner.lock`` that is a symbolic link (in a folder copied from elsewhere)
+is refused, rather than truncating the file it points to.
 """
 
 from __future__ import annotations
@@ -32,13 +34,34 @@ class RunLock:
         self._file = None
 
     def acquire(self) -> RunLock:
-        """Take the lock, or raise :class:`FolderLocked` naming the run that holds it."""
-        key = self.path.resolve()
+        """Take the lock, or raise :class:`FolderLocked` naming the run that holds it.
+
+        Raises:
+            FolderLocked: Another live run holds the lock.
+            ConfigError: ``.runner.lock`` is a symbolic or hard link (one sentence naming it and the fix).
+        """
+        key = self._key()
         if _HELD.get(key):
             _HELD[key] += 1
             return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+")  # noqa: SIM115 - held open for the lock's lifetime
+        try:
+            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError:
+            if self.path.is_symlink():
+                from runner.run_folder import link_error
+
+                raise link_error(self.path) from None
+            raise
+        handle = os.fdopen(descriptor, "r+")  # held open for the lock's lifetime
+        if os.fstat(descriptor).st_nlink > 1:  # a hard link: truncating it would empty a file elsewhere
+            handle.close()
+            from runner.config import ConfigError
+
+            raise ConfigError(
+                f"{self.path} has other names (it is a hard link to a file elsewhere); a run folder holds no links, "
+                "so remove it."
+            )
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -60,7 +83,7 @@ class RunLock:
         return self
 
     def release(self) -> None:
-        key = self.path.resolve()
+        key = self._key()
         if _HELD.get(key, 0) > 1 or self._file is None:
             _HELD[key] = max(_HELD.get(key, 1) - 1, 0)
             return
@@ -71,6 +94,9 @@ class RunLock:
         fcntl.flock(self._file, fcntl.LOCK_UN)
         self._file.close()
         self._file = None
+
+    def _key(self) -> Path:
+        return self.path.parent.resolve() / LOCK_NAME  # the lock file itself is never followed
 
     def __enter__(self) -> RunLock:
         return self.acquire()
@@ -98,9 +124,9 @@ def is_locked(folder: Path) -> bool:
     """Whether a live run holds ``folder``'s lock (read-only: creates and changes nothing)."""
     path = Path(folder) / LOCK_NAME
     try:
-        handle = open(path)  # noqa: SIM115 - closed below
+        handle = os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
     except OSError:
-        return False
+        return False  # none, or a link: no run of ours holds it
     with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)

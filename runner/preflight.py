@@ -15,7 +15,7 @@ def check_writable(folder: Path, key: str) -> None:
     probe = folder / f".write-test-{uuid.uuid4().hex[:8]}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
+        probe.touch(exist_ok=False)  # created exclusively: never through a link of that name
         probe.unlink()
     except OSError as error:
         raise ConfigError(
@@ -56,3 +56,35 @@ def _is_this_machine(host: str) -> bool:
         return socket.gethostbyname(host) in {socket.gethostbyname(name) for name in names} | {"127.0.0.1"}
     except OSError:
         return False
+
+
+def wait_for_rendezvous(endpoint: str, *, timeout: float) -> None:
+    """On a node other than node 0, wait up to ``timeout`` seconds for the rendezvous host to answer.
+
+    The node that hosts the rendezvous may start later than the others; a node whose endpoint nobody
+    ever serves (a wrong address, node 0 not started) would otherwise fail only after torch's own
+    timeouts, with a traceback.
+
+    Raises:
+        ConfigError: Nothing accepted a connection at ``endpoint`` within ``timeout`` seconds.
+    """
+    import logging
+    import time
+
+    host, _, port = endpoint.rpartition(":")
+    if not port.isdigit():
+        raise ConfigError(f"trainer.rdzv_endpoint={endpoint} must be HOST:PORT, the address every node can reach.")
+    deadline = time.monotonic() + timeout
+    logging.getLogger("runner").info("Waiting up to %.0f s for the rendezvous at %s", timeout, endpoint)
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=min(5.0, timeout)):
+                return
+        except OSError:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    raise ConfigError(
+        f"trainer.rdzv_endpoint={endpoint}: nothing answered there within {timeout:g} s (trainer.rdzv_timeout); "
+        "start node 0 (trainer.node_rank=0) with the same endpoint, or fix the address."
+    )

@@ -26,6 +26,10 @@ def find_checkpoint(path: str, *, verify_checksums: bool = True) -> tuple[Path, 
     from runner.engine.checkpoint import checkpoint_number, newest_intact_checkpoint
 
     folder = Path(path).expanduser().resolve()
+    if folder.is_file():
+        raise ConfigError(
+            f"resume={path} is a file, not a folder; pass a run folder or one of its checkpoints/checkpoint_N folders."
+        )
     if not folder.is_dir():
         raise ConfigError(
             f"resume={path} does not exist; pass a run folder or one of its checkpoints/checkpoint_N folders."
@@ -88,3 +92,35 @@ def resumed_config(checkpoint: Path, new_overrides: list[str]) -> DictConfig:
             reason = str(error).splitlines()[0]
             raise ConfigError(f"Cannot apply {key}={override.value()!r} to the resumed run: {reason}.") from None
     return cfg
+
+
+def check_extent(checkpoint: Path, cfg: DictConfig, *, path: str) -> None:
+    """Refuse to resume a checkpoint that is already past the config's ``trainer.max_steps``.
+
+    Raises:
+        ConfigError: One sentence with the checkpoint's step and the fix.
+    """
+    from runner.engine.checkpoint import CheckpointError, read_manifest
+
+    try:
+        step = read_manifest(checkpoint, verify_checksums=False).get("step")
+    except CheckpointError as error:
+        raise ConfigError(f"resume={path}: {error}") from None
+    max_steps = cfg.trainer.max_steps
+    if isinstance(step, int) and max_steps is not None and step > max_steps:
+        raise ConfigError(
+            f"resume={path}: {checkpoint.name} is at step {step}, already past trainer.max_steps={max_steps}; "
+            f"give a larger trainer.max_steps to train further (or resume an earlier checkpoint)."
+        )
+
+
+def schedule_change(checkpoint: Path, cfg: DictConfig) -> str | None:
+    """A line saying the learning-rate schedule is rebuilt, when the resumed run's length changed."""
+    saved = OmegaConf.select(OmegaConf.load(checkpoint / CONFIG_FILE), "trainer.max_steps")
+    now = cfg.trainer.max_steps
+    if cfg.scheduler is None or saved == now:
+        return None
+    return (
+        f"trainer.max_steps is {now} now and was {saved} when the run started: the learning-rate schedule is "
+        f"rebuilt for {now} steps, so the rates from here on follow the new length"
+    )

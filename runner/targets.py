@@ -66,6 +66,39 @@ def check_targets(cfg: Any) -> None:
 
         cfg = OmegaConf.to_container(cfg, resolve=False)
     _walk({name: value for name, value in cfg.items() if name != "hydra"}, key="")
+    if isinstance(cfg.get("recipe"), str):
+        check_recipe(cfg["recipe"])
+
+
+def check_recipe(recipe: str) -> None:
+    """Check that ``recipe`` imports and has a ``train(cfg, accelerator)``.
+
+    Raises:
+        ConfigError: one sentence naming the recipe and the fix.
+    """
+    from runner.config import recipe_module
+
+    module_name = recipe_module(recipe)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:
+        raise _broken_import(error, module=module_name, key="recipe", path=recipe) from error
+    train = getattr(module, "train", None)
+    if not callable(train):
+        raise ConfigError(
+            f"recipe={recipe!r} names the module {module_name}, which has no train(cfg, accelerator); point recipe "
+            "at a module that defines one."
+        )
+    try:
+        takes = inspect.signature(train).bind(None, None)
+    except TypeError:
+        takes = None
+    except ValueError:  # no signature to compare with
+        return
+    if takes is None:
+        raise ConfigError(
+            f"recipe={recipe!r}: {module_name}.train must take (cfg, accelerator); change its parameters."
+        )
 
 
 def _walk(value: Any, *, key: str) -> None:

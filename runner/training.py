@@ -301,10 +301,13 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 def write_metrics(path: str | os.PathLike, metrics: dict[str, Any]) -> None:
-    """Write ``metrics`` as JSON, atomically."""
+    """Write ``metrics`` as JSON, atomically, never through a link of the temporary name."""
     path = Path(path)
     partial = path.with_name(path.name + ".tmp")
-    partial.write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    partial.unlink(missing_ok=True)  # left by a crash; removes a link itself, not its target
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(descriptor, "w") as f:
+        f.write(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     os.replace(partial, path)
 
 

@@ -81,12 +81,15 @@ def build_accelerator(cfg: DictConfig):
 
 
 def record_config_in_checkpoints(accelerator, config: dict[str, Any], overrides: list[str]) -> None:
-    """Write the run's config and overrides into every checkpoint, so resume can rebuild the run."""
+    """Write the run's config and overrides into every checkpoint, signed, so resume can rebuild the run
+    and knows it for one of yours (:mod:`runner.provenance`)."""
+    from runner import provenance
 
     def write(models, weights, output_dir: str) -> None:
         if accelerator.is_main_process:
             OmegaConf.save(OmegaConf.create(config), Path(output_dir, CONFIG_FILE))
             OmegaConf.save(OmegaConf.create(list(overrides)), Path(output_dir, OVERRIDES_FILE))
+            provenance.sign(Path(output_dir))
 
     accelerator.register_save_state_pre_hook(write)
 

@@ -108,6 +108,7 @@ def elastic_run(
     run_id: str | None = None,
     max_restarts: int = 0,
     monitor_interval: float = 0.05,
+    rdzv_timeout: int = -1,
 ) -> dict[int, Any]:
     """Run ``function(*args)`` as this node's share of an elastic job; return the results by global rank.
 
@@ -118,6 +119,7 @@ def elastic_run(
         node_rank: With several nodes, this node's rank under a static rendezvous; None uses c10d's
             dynamic rendezvous, where nodes take ranks in the order they join.
         run_id: The job's id, the same on every node; a fresh one by default.
+        rdzv_timeout: Seconds to wait for every node to join the rendezvous (-1: torch's default, 900).
 
     Raises:
         ChildFailedError: When a worker fails (with no restarts left), with each failure's traceback.
@@ -137,6 +139,7 @@ def elastic_run(
         rdzv_endpoint=rdzv_endpoint,
         max_restarts=max_restarts,
         monitor_interval=monitor_interval,
+        rdzv_timeout=rdzv_timeout,
         start_method=start_method,
         logs_specs=DefaultLogsSpecs(),
         **rendezvous,

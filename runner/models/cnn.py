@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from runner.models.checks import check_dropout, check_sizes
+
 
 class MnistCNN(nn.Module):
     """conv(3x3) -> conv(3x3) -> max-pool -> dropout -> linear -> dropout -> linear to 10 classes.
@@ -18,6 +20,8 @@ class MnistCNN(nn.Module):
 
     def __init__(self, channels: int = 32, hidden: int = 128, dropout: float = 0.25, num_classes: int = 10) -> None:
         super().__init__()
+        check_sizes(channels=channels, hidden=hidden, num_classes=num_classes)
+        check_dropout(dropout)
         self.features = nn.Sequential(
             nn.Conv2d(1, channels, 3),
             nn.ReLU(),

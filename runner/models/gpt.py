@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runner.models.checks import check_dropout, check_sizes
+
 
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention in which each position attends to itself and earlier positions only."""
@@ -93,6 +95,8 @@ class GPT(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
+        check_sizes(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
+        check_dropout(dropout)
         if n_embd % n_head:
             raise ValueError(f"n_embd={n_embd} must be divisible by n_head={n_head}.")
         self.vocab_size, self.block_size = vocab_size, block_size

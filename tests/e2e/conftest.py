@@ -14,11 +14,46 @@ REPO = Path(__file__).resolve().parents[2]
 MNIST = REPO.parent / "shared" / "data" / "mnist"
 
 
-def run_cli(*args: str, cwd: Path, timeout: int = 600, module: bool = True) -> subprocess.CompletedProcess:
-    """Run ``python -m runner *args`` in ``cwd``; return the finished process (stdout and stderr as text)."""
+def run_cli(
+    *args: str, cwd: Path, timeout: int = 600, module: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``python -m runner *args`` in ``cwd`` (with ``env`` added to the environment); return the finished
+    process (stdout and stderr as text)."""
     command = [sys.executable, "-m", "runner", *args] if module else [sys.executable, *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+_CLI_DRIVER = """
+import contextlib, io, json, sys, traceback
+import runner.app
+results = []
+for argv in json.loads(sys.argv[1]):
+    sys.argv, stderr, code = ["runner", *argv], io.StringIO(), 0
+    with contextlib.redirect_stderr(stderr):
+        try:
+            runner.app.cli()
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    results.append({"returncode": code, "stderr": stderr.getvalue()})
+print(json.dumps(results))
+"""
+
+
+def run_cli_refusals(
+    commands: list[list[str]], *, cwd: Path, timeout: int = 600, env: dict[str, str] | None = None
+) -> list[dict]:
+    """Run each command line through ``runner``'s entry point, all in one fresh Python process (torch is
+    imported once), for command lines refused before anything starts; returns each one's returncode and
+    stderr. A command that starts a run would run it here, so give only ones that must be refused.
+    """
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
+    command = [sys.executable, "-c", _CLI_DRIVER, json.dumps(commands)]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def mnist_args(train: str = "test[:2000]", evaluation: str = "test[9000:]") -> list[str]:

@@ -1,11 +1,14 @@
 """Every bad input: one sentence naming the key or file, the documented exit code, nothing overwritten."""
 
 import hashlib
+import json
+import os
 import shutil
 import socket
 
 from runner.lock import RunLock
-from tests.e2e.conftest import MNIST, mnist_args, run_cli
+from tests.e2e.conftest import MNIST, mnist_args, run_cli, run_cli_refusals
+from tests.unit.engine.checkpoint_edits import rewrite_manifest
 
 
 def _fingerprint(run):
@@ -36,6 +39,9 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     port = busy.getsockname()[1]
+    with socket.socket() as unused:  # a port nobody serves
+        unused.bind(("127.0.0.1", 0))
+        closed = unused.getsockname()[1]
     at_run = f"hydra.run.dir={run}"
 
     cases = [
@@ -62,17 +68,85 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
         ([*common, "parallel=ddp", "trainer.num_nodes=2", f"trainer.rdzv_endpoint=127.0.0.1:{port}",
           f"project.project_dir={tmp_path / 'shared'}"], 2, f"trainer.rdzv_endpoint=127.0.0.1:{port}: port {port} "
          "is already in use on this machine"),
+        ([f"resume={run}", "trainer.max_steps=3"], 2, f"resume={run}: checkpoint_1 is at step 4, already past "
+         "trainer.max_steps=3; give a larger trainer.max_steps to train further"),
+        ([f"resume={run / 'run.log'}"], 2, f"resume={run / 'run.log'} is a file, not a folder; pass a run folder"),
+        ([*common, "parallel=ddp", "trainer.num_nodes=2", "trainer.node_rank=1", f"trainer.rdzv_endpoint=127.0.0.1:"
+          f"{closed}", "trainer.rdzv_timeout=2", f"project.project_dir={tmp_path / 'node1'}"], 2,
+         f"trainer.rdzv_endpoint=127.0.0.1:{closed}: nothing answered there within 2 s (trainer.rdzv_timeout); start "
+         "node 0"),
+    ]  # fmt: skip
+    # Values refused before launch: nothing is written, not even the run folder.
+    cores = os.cpu_count()
+    before_launch = [
+        (["model.channels=0"], "model: MnistCNN(channels=0, hidden=128, dropout=0.25) failed: channels=0 must be at "
+         "least 1."),
+        (["model.dropout=2"], "model: MnistCNN(channels=32, hidden=128, dropout=2.0) failed: dropout=2.0 must be at "
+         "least 0 and below 1."),
+        (["model.hidden=-5"], "failed: hidden=-5 must be at least 1."),
+        (["optimizer.lr=-1"], "optimizer.lr=-1.0 must be a positive number, e.g. optimizer.lr=1e-3."),
+        (["optimizer.lr=nan"], "optimizer.lr=nan must be a positive number"),
+        (["optimizer.lr=0"], "optimizer.lr=0.0 must be a positive number (0 trains nothing)"),
+        (["optimizer.betas=[1.5,0.9]"], "optimizer: AdamW(lr=0.001, betas=[1.5, 0.9], eps=1e-08, weight_decay=0.01) "
+         "failed: Invalid beta parameter at index 0: 1.5; fix the optimizer.* keys."),
+        (["model._target_=nosuch.Model"], "model._target_='nosuch.Model' does not import: there is no module named "
+         "'nosuch'"),
+        (["recipe=json"], "recipe='json' names the module json, which has no train(cfg, accelerator)"),
+        (["seed=99999999999999999999"], "seed=99999999999999999999 must be between 0 and 2**63-1"),
+        (["parallel=ddp", "trainer.num_processes=100000"], f"trainer.num_processes=100000 is more than this "
+         f"machine's {cores} CPU cores"),
+        (["scheduler.warmup_steps=-3"], "scheduler.warmup_steps=-3 must be at least 0."),
+        (["scheduler.min_lr_ratio=5"], "scheduler.min_lr_ratio=5.0 must be between 0 and 1"),
+        (["parallel=ddp", "parallel.bucket_cap_mb=-1"], "parallel.bucket_cap_mb=-1 must be positive"),
+        (["project.iteration=-1"], "project.iteration=-1 must be at least 0."),
     ]  # fmt: skip
     for arguments, code, sentence in cases:
         result = run_cli(*arguments, cwd=tmp_path)
-        lines = result.stderr.strip().splitlines()
-        assert result.returncode == code, (arguments, result.stderr[-2000:])
-        assert lines and lines[-1].startswith("runner: error: ") and sentence in lines[-1], (arguments, lines[-1:])
-        assert "Traceback" not in result.stderr, arguments
+        _assert_one_sentence(arguments, result.returncode, result.stderr, code, sentence)
     busy.close()
+    commands = [[*common, *arguments, f"hydra.run.dir={tmp_path / f'refused_{i}'}"] for i, (arguments, _) in
+                enumerate(before_launch)]  # fmt: skip
+    # A manifest rewritten with its digest recomputed (as whoever crafts a folder would): each field is checked.
+    crafted = {
+        "step": lambda manifest: manifest.update(step="ten"),
+        "samples_seen": lambda manifest: manifest["dataloaders"][0].update(samples_seen=-64),
+    }
+    for field, edit in crafted.items():
+        shutil.copytree(run, tmp_path / field)
+        rewrite_manifest(tmp_path / field / "checkpoints" / "checkpoint_1", edit)
+    commands += [[f"resume={tmp_path / field / 'checkpoints' / 'checkpoint_1'}"] for field in crafted]
+    sentences = [sentence for _, sentence in before_launch] + [
+        "manifest.json: step is 'ten', not a non-negative integer or null; the manifest is damaged, so load a "
+        "different checkpoint.",
+        "manifest.json: dataloaders[0].samples_seen is -64, not a non-negative integer; the manifest is damaged",
+    ]
+    results = run_cli_refusals(commands, cwd=tmp_path)
+    for command, sentence, result in zip(commands, sentences, results, strict=True):
+        _assert_one_sentence(command, result["returncode"], result["stderr"], 2, sentence)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("refused_")]  # nothing was written
+
+    # An edited manifest is damage like any other: a run folder resumes from the checkpoint before it.
+    fallback = tmp_path / "edited"
+    shutil.copytree(run, fallback)
+    manifest_path = fallback / "checkpoints" / "checkpoint_1" / "manifest.json"
+    edited = json.loads(manifest_path.read_text())
+    edited["dataloaders"][0]["samples_seen"] += 1
+    manifest_path.write_text(json.dumps(edited, indent=2))
+    resumed = run_cli(f"resume={fallback}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"Skipping checkpoint_1: {manifest_path}: its digest does not match its content" in resumed.stderr
+    assert f"Resuming {fallback} from checkpoint_0" in resumed.stdout  # the run's log
+    assert json.loads((fallback / "metrics.json").read_text())["step"] == 4
 
     with RunLock(run):  # another run is writing the folder
         locked = run_cli(*common, "trainer.max_steps=6", at_run, cwd=tmp_path)
     assert locked.returncode == 1 and "is being written by another run" in locked.stderr
 
     assert _fingerprint(run) == before  # not a byte of the existing checkpoints changed, none was added
+
+
+def _assert_one_sentence(arguments, returncode: int, stderr: str, code: int, sentence: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert returncode == code, (arguments, stderr[-2000:])
+    assert lines and lines[-1].startswith("runner: error: ") and sentence in lines[-1], (arguments, lines[-1:])
+    assert "Traceback" not in stderr, arguments

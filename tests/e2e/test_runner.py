@@ -167,7 +167,8 @@ def test_user_mistakes_found_before_launch_exit_2_without_a_traceback(tmp_path):
     for overrides, message in [
         (
             ['data.eval_split="test[20000:]"'],
-            "data.eval (runner.data.MNIST): Split 'test[20000:]' selects none of MNIST's 10000 test images.",
+            "split='test[20000:]', download=True) failed: Split 'test[20000:]' selects none of MNIST's 10000 test "
+            "images.",
         ),
         (["data.train_split=validation"], "MNIST has no split 'validation'"),
         (["trainer.mixed_precision=fp8"], "trainer.mixed_precision='fp8' needs an NVIDIA GPU"),

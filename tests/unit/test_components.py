@@ -97,14 +97,14 @@ def test_a_constructor_that_rejects_a_value_names_the_key():
     with pytest.raises(ConfigError) as error:
         build(OmegaConf.create({"_target_": "torch.nn.Dropout", "p": 2.0}), key="model")
     assert str(error.value) == (
-        "model (torch.nn.Dropout) rejected its arguments: dropout probability has to be between 0 and 1, but got 2.0; "
+        "model: Dropout(p=2.0) failed: dropout probability has to be between 0 and 1, but got 2.0; "
         "fix the model.* keys."
     )
     node = OmegaConf.create({"_target_": "torch.optim.SGD", "_partial_": True, "lr": -1.0})
     with pytest.raises(ConfigError) as error:
         build_optimizer(node, nn.Linear(2, 2).parameters())
     assert str(error.value) == (
-        "optimizer (torch.optim.SGD) rejected its arguments: Invalid learning rate: -1.0; fix the optimizer.* keys."
+        "optimizer: SGD(lr=-1.0) failed: Invalid learning rate: -1.0; fix the optimizer.* keys."
     )
 
 

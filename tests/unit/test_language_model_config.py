@@ -62,13 +62,13 @@ def test_trainer_compile_defaults_off_and_mnist_configs_stay_valid():
         (["experiment=shakespeare_gpt", "model.vocab_size=10"], "model.vocab_size is not a key of 'model'"),
         (
             ["experiment=shakespeare_gpt", "data.download=false", "data.root=/nowhere"],
-            "data.train (runner.data.CharCorpus): input.txt is not in /nowhere; set data.root to the folder that "
-            "holds it, or data.download=true to fetch tiny-shakespeare.",
+            "data.train: CharCorpus(root='/nowhere', split='train', block_size=64, val_fraction=0.1, download=False) "
+            "failed: input.txt is not in /nowhere; set data.root to the folder that holds it, or data.download=true to "
+            "fetch tiny-shakespeare.",
         ),
         (
             ["experiment=shakespeare_gpt", 'data.train_split="test"'],
-            "data.train (runner.data.CharCorpus): shakespeare_char has no split 'test' ('test'); use 'train' or "
-            "'val' with an optional slice.",
+            "failed: shakespeare_char has no split 'test' ('test'); use 'train' or 'val' with an optional slice.",
         ),
         (
             ["recipe=language_model"],
@@ -100,7 +100,8 @@ def test_a_slice_beyond_the_corpus_windows_is_refused_before_launch():
     with pytest.raises(ConfigError) as info:
         check_overrides(["experiment=shakespeare_gpt", f"data.root={SHAKESPEARE}", 'data.eval_split="val[5000:]"'])
     assert str(info.value) == (
-        "data.eval (runner.data.CharCorpus): Split 'val[5000:]' selects none of the 1742 windows of 65 characters in "
+        f"data.eval: CharCorpus(root='{SHAKESPEARE}', split='val[5000:]', block_size=64, val_fraction=0.1, "
+        "download=True) failed: Split 'val[5000:]' selects none of the 1742 windows of 65 characters in "
         "shakespeare_char's val split; widen the slice, lower model.block_size or change data.val_fraction."
     )
     check_overrides(["experiment=shakespeare_gpt", f"data.root={SHAKESPEARE}", 'data.eval_split="val[1741:]"'])

@@ -45,7 +45,7 @@ def test_a_value_prepare_data_rejects_names_the_key_and_the_class():
     with pytest.raises(ConfigError) as error:
         prepare_datasets(data({"_target_": f"{__name__}.Recorded", "size": 1}, {"_target_": f"{__name__}.Recorded",
                                                                                  "size": -1}))  # fmt: skip
-    assert str(error.value) == f"data.eval ({__name__}.Recorded): size must be at least 0."
+    assert str(error.value) == "data.eval: Recorded(size=-1) failed: size must be at least 0."
 
 
 def test_mnist_prepare_data_checks_the_split_and_the_files(tmp_path):

@@ -1,0 +1,115 @@
+import os
+import stat
+
+import pytest
+from omegaconf import OmegaConf
+
+from runner.app import CONF_DIR
+from runner.config import ConfigError
+from runner.provenance import (
+    check_resumable,
+    command_line_names,
+    installed_names,
+    key_path,
+    saved_names,
+    sign,
+    signed_by_you,
+    targets_in,
+)
+
+CONFIG = {
+    "recipe": "supervised",
+    "model": {"_target_": "runner.models.MnistCNN", "channels": 8},
+    "optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3},
+    "data": {"train": {"_target_": "runner.data.MNIST", "transforms": [{"_target_": "mylab.Flip"}]}, "eval": None},
+    "metrics": {},
+}
+
+
+def _checkpoint(folder, config=CONFIG, overrides=()):
+    folder.mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(config), folder / "config.yaml")
+    OmegaConf.save(OmegaConf.create(list(overrides)), folder / "overrides.yaml")
+    return folder
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("RUNNER_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_a_signature_holds_only_for_this_users_key_and_these_exact_files(tmp_path, home, monkeypatch):
+    checkpoint = _checkpoint(tmp_path / "checkpoint_0")
+    assert not signed_by_you(checkpoint)  # no signature yet
+    sign(checkpoint)
+    assert key_path() == home / "signing.key"
+    assert stat.S_IMODE(os.stat(key_path()).st_mode) == 0o600
+    assert signed_by_you(checkpoint)
+
+    (checkpoint / "overrides.yaml").write_text("- model._target_=torch.hub.load\n")
+    assert not signed_by_you(checkpoint)  # any edit breaks it
+    sign(checkpoint)
+    monkeypatch.setenv("RUNNER_HOME", str(tmp_path / "someone_else"))
+    assert not signed_by_you(checkpoint)  # another user's key
+
+
+def test_the_names_of_code_are_read_at_any_depth_and_from_the_saved_overrides(tmp_path):
+    assert list(targets_in(CONFIG)) == [
+        ("model", "runner.models.MnistCNN"),
+        ("optimizer", "torch.optim.AdamW"),
+        ("data.train", "runner.data.MNIST"),
+        ("data.train.transforms[0]", "mylab.Flip"),
+    ]
+    checkpoint = _checkpoint(tmp_path / "c", overrides=["+loss._target_=evil.Loss", "recipe=evil.recipe", "seed=1"])
+    names = saved_names(checkpoint)
+    assert ("recipe", "supervised") in names
+    assert names[-2:] == [("loss", "evil.Loss"), ("recipe", "evil.recipe")]
+
+
+def test_installed_configs_and_the_command_line_name_their_code():
+    targets, recipes = installed_names([CONF_DIR])
+    assert {"runner.models.MnistCNN", "runner.models.GPT", "torch.optim.AdamW", "runner.data.MNIST"} <= targets
+    assert {"torchmetrics.classification.MulticlassAccuracy", "torch.nn.CrossEntropyLoss"} <= targets
+    assert {"supervised", "language_model", "recipes.supervised"} <= recipes
+    assert "torch.hub.load" not in targets
+
+    typed = command_line_names(
+        ["model._target_=mylab.Net", "+data.train={_target_: mylab.Data, n: 3}", "recipe=mylab.loop", "seed=3"]
+    )
+    assert typed == ({"mylab.Net", "mylab.Data"}, {"mylab.loop"})
+
+
+def test_a_folder_someone_else_wrote_may_name_only_the_code_your_configs_and_command_line_name(tmp_path, home):
+    hub = {**CONFIG, "model": {"_target_": "torch.hub.load", "repo_or_dir": "${project.project_dir}", "model": "cnn"}}
+    hub["data"] = {"train": {"_target_": "runner.data.MNIST"}, "eval": None}
+    checkpoint = _checkpoint(tmp_path / "checkpoint_3", hub, overrides=["recipe=theirs.recipe"])
+    with pytest.raises(ConfigError) as error:
+        check_resumable(checkpoint, path="their_run", overrides=[], search_path=[])
+    assert str(error.value) == (
+        f"resume=their_run: {checkpoint} was not written by you (it carries no signature of your key "
+        f"{home / 'signing.key'}) and names code that your config groups and this command line do not "
+        "(model._target_=torch.hub.load, recipe=theirs.recipe); resuming would run it, so read that code first and "
+        "add trust_resume=true to accept it."
+    )
+    # Typed on this command line, the same names are the user's own choice; so is trust_resume=true.
+    check_resumable(
+        checkpoint, path="r", overrides=["model._target_=torch.hub.load", "recipe=theirs.recipe"], search_path=[]
+    )
+    check_resumable(checkpoint, path="r", overrides=["trust_resume=true"], search_path=[])
+    with pytest.raises(ConfigError):
+        check_resumable(checkpoint, path="r", overrides=["trust_resume=true", "trust_resume=false"], search_path=[])
+
+    sign(checkpoint)  # the same folder, written by this user: resumes without a word
+    check_resumable(checkpoint, path="r", overrides=[], search_path=[])
+
+
+def test_a_config_folder_on_the_search_path_names_its_targets(tmp_path, home):
+    conf = tmp_path / "conf" / "model"
+    conf.mkdir(parents=True)
+    (conf / "net.yaml").write_text("_target_: mylab.models.Net\nwidth: 4\n")
+    config = {**CONFIG, "model": {"_target_": "mylab.models.Net"}, "data": {"train": {"_target_": "runner.data.MNIST"}}}
+    checkpoint = _checkpoint(tmp_path / "checkpoint_0", config)
+    with pytest.raises(ConfigError, match=r"\(model._target_=mylab.models.Net\)"):
+        check_resumable(checkpoint, path="r", overrides=[], search_path=[])
+    check_resumable(checkpoint, path="r", overrides=[], search_path=[f"file://{tmp_path / 'conf'}"])

@@ -1,0 +1,151 @@
+import threading
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from runner.app import CONF_DIR
+from runner.config import ConfigError, register_configs
+from runner.run_folder import (
+    check_no_links,
+    check_run_folders,
+    claim_default_run_folder,
+    claim_run_folder,
+    default_run_dir_pattern,
+)
+
+PATTERN = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"
+TEN = datetime(2026, 11, 29, 10, 0, 0)
+register_configs()  # as cli() does before it composes
+
+
+def _sentence(link: Path, target: Path) -> str:
+    return (
+        f"{link} is a symbolic link (to {target}); a run folder holds no links, so remove it or copy the run with "
+        "links resolved (cp -rL)."
+    )
+
+
+def test_runs_started_in_the_same_second_claim_folders_of_their_own(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    claimed = [claim_run_folder(PATTERN, now=TEN) for _ in range(3)]
+    assert [str(folder) for folder in claimed] == [
+        "outputs/2026-11-29/10-00-00",
+        "outputs/2026-11-29/10-00-00-1",
+        "outputs/2026-11-29/10-00-00-2",
+    ]
+    assert all(folder.is_dir() and not any(folder.iterdir()) for folder in claimed)
+
+
+def test_claims_made_at_the_same_moment_never_share_a_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    claimed, start = [], threading.Barrier(8)
+
+    def claim() -> None:
+        start.wait()
+        claimed.append(claim_run_folder(PATTERN, now=TEN))
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(claimed)) == 8 and len(list((tmp_path / "outputs" / "2026-11-29").iterdir())) == 8
+
+
+def test_a_pattern_with_other_interpolations_is_left_to_hydra(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert claim_run_folder("runs/${hydra.job.name}/${now:%H}", now=TEN) is None
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_folder_that_cannot_be_created_is_one_sentence(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").write_text("a file where the folder goes")
+    with pytest.raises(ConfigError, match=r"^The run folder outputs/2026-11-29/10-00-00 cannot be created "):
+        claim_run_folder(PATTERN, now=TEN)
+
+
+def test_the_default_pattern_is_conf_config_yaml_s_and_no_other_built_in_config_changes_it():
+    assert default_run_dir_pattern(CONF_DIR) == PATTERN
+    # claim_default_run_folder composes nothing for the built-in configs: it relies on this.
+    for path in CONF_DIR.rglob("*.yaml"):
+        if path != CONF_DIR / "config.yaml":
+            assert OmegaConf.select(OmegaConf.load(path), "hydra.run") is None, path
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["hydra.run.dir=mine"],  # named, or added by resume, torchrun and Slurm
+        ["-m", "optimizer.lr=1e-3,3e-3"],
+        ["--cfg", "job"],
+        ["--info"],
+    ],
+)
+def test_only_a_single_run_in_the_default_folder_gets_one_claimed(tmp_path, monkeypatch, argv):
+    monkeypatch.chdir(tmp_path)
+    assert claim_default_run_folder(argv) is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_in_the_default_folder_gets_a_new_one_named_as_conf_config_yaml_says(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = datetime.now().replace(microsecond=0)
+    claimed = claim_default_run_folder(["trainer.max_steps=2", "project.project_dir=elsewhere"])
+    assert claimed.is_dir() and claimed.parent.parent == Path("outputs")
+    assert before <= datetime.strptime(f"{claimed.parent.name}/{claimed.name}", "%Y-%m-%d/%H-%M-%S") <= datetime.now()
+
+
+def test_a_users_own_configs_keep_their_own_run_folder_pattern(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    conf = tmp_path / "conf"
+    (conf / "experiment").mkdir(parents=True)
+    (conf / "experiment" / "theirs.yaml").write_text("# @package _global_\nhydra:\n  run:\n    dir: runs/${now:%H}\n")
+    (conf / "experiment" / "plain.yaml").write_text("# @package _global_\nseed: 7\n")
+    assert claim_default_run_folder(["--config-dir", str(conf), "experiment=theirs"]) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conf"]
+    claimed = claim_default_run_folder(["--config-dir", str(conf), "experiment=plain"])
+    assert claimed is not None and claimed.parent.parent == Path("outputs")
+
+
+def test_a_link_anywhere_in_a_run_folder_is_named_with_where_it_points(tmp_path):
+    run = tmp_path / "run"
+    deep = run / "checkpoints" / "checkpoint_0"
+    deep.mkdir(parents=True)
+    (run / "metrics.json").write_text("{}")
+    check_no_links(run)
+    (deep / "model.safetensors").symlink_to("../../../weights.bin")  # relative: shown where it lands
+    with pytest.raises(ConfigError) as refused:
+        check_no_links(run)
+    assert str(refused.value) == _sentence(deep / "model.safetensors", tmp_path / "weights.bin")
+
+
+def test_the_run_folder_itself_may_be_a_link_and_a_missing_one_has_nothing_to_check(tmp_path):
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "scratch" / "run.log").write_text("")
+    (tmp_path / "run").symlink_to(tmp_path / "scratch")  # e.g. outputs -> /scratch/outputs
+    check_no_links(tmp_path / "run")
+    check_no_links(tmp_path / "not-yet")
+
+
+def test_resume_is_checked_as_written_so_a_linked_checkpoints_folder_cannot_move_the_run(tmp_path):
+    run, theirs = tmp_path / "run", tmp_path / "your-project" / "checkpoints"
+    (theirs / "checkpoint_3").mkdir(parents=True)
+    run.mkdir()
+    (run / "checkpoints").symlink_to(theirs)
+    for resume in (run, run / "checkpoints" / "checkpoint_3"):
+        with pytest.raises(ConfigError) as refused:
+            check_run_folders([f"resume={resume}", "trainer.max_steps=8"])
+        assert str(refused.value) == _sentence(run / "checkpoints", theirs)
+
+
+def test_every_folder_the_command_line_names_is_checked(tmp_path):
+    for key in ("hydra.run.dir", "project.project_dir", "hydra.sweep.dir"):
+        folder = tmp_path / key
+        folder.mkdir()
+        (folder / "run.log").symlink_to(tmp_path / "yours.log")
+        with pytest.raises(ConfigError, match="run.log is a symbolic link"):
+            check_run_folders([f"{key}={folder}"])
+    check_run_folders(["hydra.run.dir=outputs/${now:%H}", "resume=null"])  # Hydra's to resolve; nothing to resume
