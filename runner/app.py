@@ -239,12 +239,12 @@ def _project_dir(cfg: DictConfig) -> Path:
 def _resume(cfg: DictConfig, task_overrides: list[str]) -> tuple[DictConfig, list[str]]:
     """The resumed run's config with this command's new overrides, and the overrides it now stands for."""
     from runner.provenance import check_resumable
-    from runner.resume import find_checkpoint, resumed_config, saved_overrides, schedule_change
+    from runner.resume import find_checkpoint, replayed_overrides, resumed_config, schedule_change
 
     # The command line already chose and verified the checkpoint (resume= now names it exactly);
     # each worker's load_state verifies it again, so sizes suffice here.
     run_dir, checkpoint = find_checkpoint(cfg.resume, verify_checksums=False)
-    saved = [o for o in saved_overrides(checkpoint) if not _is_resume(o)]
+    saved = replayed_overrides(checkpoint)  # what the command line replayed before its own overrides
     given = [o for o in task_overrides if not _is_resume(o)]
     new = given[len(saved) :] if given[: len(saved)] == saved else given
     # The command line replays the folder's own overrides first: only the new ones were typed.
@@ -289,17 +289,18 @@ def print_help(argv: list[str]) -> bool:
     from hydra._internal.utils import get_args_parser
 
     args = get_args_parser().parse_args(argv)
-    if not args.help or args.hydra_help or args.config_path or args.config_name:
+    if not args.help or args.hydra_help or args.config_path:
         return False
+    config_name = args.config_name or CONFIG_NAME
     overrides = list(args.overrides or [])
     search = search_path_overrides(overrides, config_dir=args.config_dir)
     overrides = [o for o in overrides if not _is_search_path(o)] + search
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         try:
-            cfg = compose(CONFIG_NAME, overrides=overrides, return_hydra_config=True)
+            cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
         except Exception as error:
-            raise ConfigError(describe_composition_error(error, overrides)) from None
-        groups = _group_options(search)
+            raise ConfigError(describe_composition_error(error, overrides, config_name)) from None
+        groups = _group_options(search, config_name)
     template = cfg.hydra.help.template
     with open_dict(cfg):
         del cfg["hydra"]
@@ -308,13 +309,14 @@ def print_help(argv: list[str]) -> bool:
     return True
 
 
-def _group_options(search: list[str]) -> str:
+def _group_options(search: list[str], config_name: str = CONFIG_NAME) -> str:
     """``  group:      option, option`` lines: the contract's groups first, then the user's own."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.object_type import ObjectType
 
     # One repository over the whole search path, read once (Hydra's public call rebuilds it per group).
-    _, repository = GlobalHydra.instance().config_loader()._parse_overrides_and_create_caching_repo(CONFIG_NAME, search)
+    loader = GlobalHydra.instance().config_loader()
+    _, repository = loader._parse_overrides_and_create_caching_repo(config_name, search)
     found = repository.get_group_options("", results_filter=ObjectType.GROUP)
     names = [g for g in dict.fromkeys(("experiment", *_GROUPS)) if g in found] + ["hparams_search"]
     names += sorted(g for g in found if g not in names and g not in ("hydra", "schema"))
@@ -439,7 +441,7 @@ def _resume_command_line(
     resume: str, overrides: list[str], *, config_dir: str | None
 ) -> tuple[Path, list[str], list[str]]:
     from runner.provenance import check_resumable
-    from runner.resume import find_checkpoint, saved_overrides
+    from runner.resume import find_checkpoint, replayed_overrides
 
     run_dir, checkpoint = find_checkpoint(resume)
     # Before anything of the folder's config is composed, validated or imported: it may name code.
@@ -451,7 +453,7 @@ def _resume_command_line(
             f"resume= keeps the resumed run's config groups, but {switched[0]} switches one; change values "
             "(e.g. trainer.max_steps=2000) or start a new run."
         )
-    saved = [o for o in saved_overrides(checkpoint) if not _is_resume(o) and not o.startswith("hydra")]
+    saved = replayed_overrides(checkpoint)
     extra = [] if _sets(overrides, "hydra.run.dir") else [f"hydra.run.dir={_hydra_value(str(run_dir))}"]
     # The resumed folder keeps its original .hydra/ record; this command's record goes to run.log.
     return checkpoint, saved, [*extra, "hydra.output_subdir=null"]

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -132,11 +133,21 @@ def check_construction(cfg) -> None:
             build_loss(cfg.loss)
         build_metrics(cfg.metrics, device="cpu")
     except ConfigError as error:
-        if "meta" in str(error):  # the meta device, not the value, is what failed: the workers will tell
+        if _META.search(str(_original(error))):  # the meta device, not the value, failed: the workers will tell
             return
         raise
     except Exception:  # anything else shows in the real build, with its traceback if it is a bug
         return
+
+
+_META = re.compile(r"\bmeta\b", re.IGNORECASE)  # in torch's messages about meta tensors and the Meta backend
+
+
+def _original(error: BaseException) -> BaseException:
+    """The exception a ConfigError reports: the deepest cause or context under it."""
+    while (inner := error.__cause__ or error.__context__) is not None:
+        error = inner
+    return error
 
 
 # ------------------------------------------------------------------------------------------------ data

@@ -23,8 +23,11 @@ import contextlib
 import hashlib
 import hmac
 import json
+import logging
 import os
+import re
 import secrets
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from runner.config import RECIPES, ConfigError
+
+logger = logging.getLogger("runner")
 
 SIGNATURE_FILE = "signature.json"
 KEY_FILE = "signing.key"
@@ -52,13 +57,19 @@ def signing_key(*, create: bool) -> bytes | None:
     """This user's key (made on first use, readable by the user only); None if there is none and cannot be one."""
     path = key_path()
     try:
+        info = os.stat(path, follow_symlinks=False)
         key = bytes.fromhex(path.read_text().strip())
-        return key if len(key) == 32 else None
     except FileNotFoundError:
         if not create:
             return None
     except (OSError, ValueError):
         return None
+    else:
+        if info.st_uid != os.getuid() or info.st_mode & 0o077 or not stat.S_ISREG(info.st_mode):
+            # Another user could read it (and sign as you) or plant it: it proves nothing.
+            logger.warning("Ignoring %s: it must be a file of yours that only you can read (chmod 600).", path)
+            return None
+        return key if len(key) == 32 else None
     key = secrets.token_bytes(32)
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
@@ -180,45 +191,76 @@ def _container(node: Any) -> Any:
         return None
 
 
-def command_line_names(overrides: Iterable[str]) -> tuple[set[str], set[str]]:
-    """The ``_target_``s and recipes that the overrides typed on this command line name."""
+# Resolvers a saved value may use: they read the environment or the clock. Any other (oc.create,
+# oc.decode, a user's own) builds config, a _target_ node among it, at the moment it resolves.
+PLAIN_RESOLVERS = ("oc.env", "now")
+_RESOLVER = re.compile(r"\$\{\s*([A-Za-z_][\w.\-]*)\s*:")
+
+
+def override_names(lines: Iterable[str]) -> Iterator[tuple[str, str, str]]:
+    """``(kind, name, shown)`` for each ``_target_`` (kind ``target``), recipe (``recipe``) and resolver other than
+    :data:`PLAIN_RESOLVERS` (``resolver``) that the override lines name, values included
+    (``+metrics.m={_target_: ...}``); a line Hydra cannot parse is ``unparsed``, shown as it is."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    targets, recipes = set(), set()
     parser = OverridesParser.create()
-    for line in overrides:
+    for line in lines:
+        yield from _resolvers_in(line, line)
         try:
             (override,) = parser.parse_overrides([line])
-        except Exception:  # Hydra's OverrideParseException: the command-line check reports it
+            key = override.key_or_group.lstrip("+~")
+            values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+        except Exception:  # Hydra's OverrideParseException, or a value it cannot build
+            yield "unparsed", line, line
             continue
-        key = override.key_or_group.lstrip("+~")
-        if override.is_sweep_override():
-            values = list(override.sweep_iterator())
-        else:
-            values = [override.value()]
         for value in values:
-            if key == "recipe" and isinstance(value, str):
-                recipes.add(value)
+            if key == "recipe":
+                yield "recipe", str(value), f"recipe={value}"
             elif key == "_target_" or key.endswith("._target_"):
-                targets.add(str(value))
+                yield "target", str(value), f"{key}={value}"
             else:
-                targets.update(target for _, target in targets_in(value))
-    return targets, recipes
+                for where, target in targets_in(value, key):
+                    yield "target", target, f"{where}._target_={target}"
 
 
-def saved_names(checkpoint: Path) -> list[tuple[str, str]]:
-    """``(key, name)`` for each target and the recipe that ``checkpoint``'s config and overrides name."""
-    config = _plain(checkpoint / SIGNED_FILES[0])
-    names = list(targets_in(config)) if isinstance(config, dict) else []
-    if isinstance(config, dict) and config.get("recipe") is not None:
-        names.append(("recipe", str(config["recipe"])))
-    saved = _plain(checkpoint / SIGNED_FILES[1])
-    if isinstance(saved, list):
-        for line in map(str, saved):
-            key, _, value = line.lstrip("+~").partition("=")
-            if key == "recipe" or key == "_target_" or key.endswith("._target_"):
-                names.append((key.removesuffix("._target_"), value.strip("'\"")))
-    return names
+def command_line_names(overrides: Iterable[str]) -> tuple[set[str], set[str]]:
+    """The ``_target_``s and recipes that the overrides typed on this command line name."""
+    found = list(override_names(overrides))
+    return {name for kind, name, _ in found if kind == "target"}, {name for kind, name, _ in found if kind == "recipe"}
+
+
+def saved_names(checkpoint: Path) -> list[tuple[str, str, str]]:
+    """``(kind, name, shown)`` for what ``checkpoint``'s config and saved overrides name: each ``_target_``
+    (``target``), the recipe (``recipe``), and each resolver beyond :data:`PLAIN_RESOLVERS` (``resolver``).
+
+    Raises:
+        ConfigError: ``config.yaml`` is not a mapping, or ``overrides.yaml`` not a list of strings.
+    """
+    from runner.resume import saved_overrides
+
+    path = checkpoint / SIGNED_FILES[0]
+    config = _plain(path)
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} is not a config; the checkpoint is damaged, so resume another one.")
+    names = [("target", target, f"{key}._target_={target}") for key, target in targets_in(config)]
+    if config.get("recipe") is not None:
+        names.append(("recipe", str(config["recipe"]), f"recipe={config['recipe']}"))
+    names += list(_resolvers_in(config, ""))
+    return names + list(override_names(saved_overrides(checkpoint)))
+
+
+def _resolvers_in(node: Any, key: str) -> Iterator[tuple[str, str, str]]:
+    if isinstance(node, dict):
+        for name, value in node.items():
+            yield from _resolvers_in(str(name), key)
+            yield from _resolvers_in(value, f"{key}.{name}" if key else str(name))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _resolvers_in(value, f"{key}[{index}]")
+    elif isinstance(node, str):
+        for resolver in _RESOLVER.findall(node):
+            if resolver not in PLAIN_RESOLVERS:
+                yield "resolver", resolver, f"{key} uses the resolver {resolver}"
 
 
 def check_resumable(checkpoint: Path, *, path: str, overrides: list[str], search_path: list[str]) -> None:
@@ -237,15 +279,18 @@ def check_resumable(checkpoint: Path, *, path: str, overrides: list[str], search
         return
     from runner.app import CONF_DIR
 
+    run_dir = checkpoint.resolve().parent.parent
+    if Path.cwd().resolve().is_relative_to(run_dir):
+        raise ConfigError(
+            f"resume={path}: {run_dir} was not written by you and this command runs inside it, where Python imports "
+            f"the folder's own modules first; run it from outside the folder (cd {run_dir.parent})."
+        )
     targets, recipes = installed_names([CONF_DIR, *search_path_folders(search_path)])
     typed_targets, typed_recipes = command_line_names(overrides)
-    targets |= typed_targets
-    recipes |= typed_recipes
+    allowed = {"target": targets | typed_targets, "recipe": recipes | typed_recipes}
     unknown = []
-    for key, name in saved_names(checkpoint):
-        allowed = recipes if key == "recipe" else targets
-        shown = f"recipe={name}" if key == "recipe" else f"{key}._target_={name}"
-        if name not in allowed and shown not in unknown:
+    for kind, name, shown in saved_names(checkpoint):
+        if name not in allowed.get(kind, ()) and shown not in unknown:
             unknown.append(shown)
     if unknown:
         raise ConfigError(

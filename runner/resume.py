@@ -68,9 +68,32 @@ def _check_intact(checkpoint: Path, path: str, *, verify_checksums: bool) -> Non
 
 
 def saved_overrides(checkpoint: Path) -> list[str]:
-    """The command-line overrides the checkpointed run was composed with."""
+    """The command-line overrides the checkpointed run was composed with, as written (nothing resolved).
+
+    Raises:
+        ConfigError: The file is not a YAML list of strings.
+    """
     path = checkpoint / OVERRIDES_FILE
-    return [str(item) for item in OmegaConf.load(path)] if path.is_file() else []
+    if not path.is_file():
+        return []
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except Exception:  # not YAML (OmegaConf and yaml raise several types)
+        saved = None
+    if not isinstance(saved, list) or not all(isinstance(override, str) for override in saved):
+        raise ConfigError(f"{path} is not a list of overrides; the checkpoint is damaged, so resume another one.")
+    return saved
+
+
+def replayed_overrides(checkpoint: Path) -> list[str]:
+    """The saved overrides a resume replays: all but ``resume=``, ``trust_resume=`` and Hydra's own (``hydra.*``,
+    ``hydra/...``), which belong to the command that typed them."""
+    from runner.provenance import TRUST_KEY
+
+    def key(override: str) -> str:
+        return override.split("=", 1)[0].lstrip("+~")
+
+    return [o for o in saved_overrides(checkpoint) if key(o) not in ("resume", TRUST_KEY) and key(o)[:5] != "hydra"]
 
 
 def resumed_config(checkpoint: Path, new_overrides: list[str]) -> DictConfig:

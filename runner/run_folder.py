@@ -108,7 +108,8 @@ def claim_default_run_folder(argv: list[str]) -> Path | None:
     from runner.app import CONF_DIR
 
     args = get_args_parser().parse_args(argv)
-    if args.multirun or args.cfg or args.info or args.hydra_help or args.shell_completion or args.config_path:
+    asked_for_no_run = args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
+    if asked_for_no_run or args.multirun or args.config_path:
         return None
     given = _overrides(argv)
     if args.experimental_rerun or "hydra.run.dir" in given:

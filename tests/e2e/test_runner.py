@@ -187,6 +187,8 @@ def test_help_and_cfg_job(tmp_path):
     )
     imported = [line.rsplit("|", 1)[-1].strip() for line in helped.stderr.splitlines() if "|" in line]
     assert "hydra" in imported and not [m for m in imported if m.split(".")[0] == "torch"]
+    named = run_cli("--help", "--config-name", "config", cwd=tmp_path)  # the config named: the same help
+    assert named.returncode == 0 and named.stdout == helped.stdout, named.stderr[-2000:]
     shown = run_cli("--cfg", "job", "experiment=mnist_ddp", "trainer.mixed_precision=bf16", cwd=tmp_path)
     assert shown.returncode == 0
     assert "num_processes: 2" in shown.stdout and "mixed_precision: bf16" in shown.stdout

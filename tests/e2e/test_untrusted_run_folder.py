@@ -68,7 +68,7 @@ def test_your_own_run_resumes_and_anyone_elses_is_refused_before_its_code_is_imp
         "steps, so the rates from here on follow the new length."
     ) in resumed.stdout  # the run's log
 
-    markers = {name: here / f"{name}.ran" for name in ("hub", "pickle", "package", "recipe")}
+    markers = {name: here / f"{name}.ran" for name in ("hub", "pickle", "package", "recipe", "callback", "resolver")}
     hub, hub_checkpoint, config = _their_copy(
         here, run, "hub", _target_="torch.hub.load", repo_or_dir="${project.project_dir}", model="net", source="local"
     )
@@ -92,13 +92,30 @@ def test_your_own_run_resumes_and_anyone_elses_is_refused_before_its_code_is_imp
     (package / "steal.py").write_text(f"def train(cfg, accelerator):\n    open({str(markers['recipe'])!r}, 'w')\n")
     rewrite_manifest(package_checkpoint, relist=["config.yaml"])
 
+    # Code hidden in the saved command line (a Hydra callback, a node as a value) or in a resolver.
+    callback, callback_checkpoint, _ = _their_copy(here, run, "callback")
+    (callback / "hubconf.py").write_text(f"def net(**kwargs):\n    open({str(markers['callback'])!r}, 'w').close()\n")
+    hub_node = f"{{_target_:torch.hub.load,repo_or_dir:{callback},model:net,source:local}}"
+    saved = OmegaConf.to_container(OmegaConf.load(callback_checkpoint / "overrides.yaml"))
+    saved += [f"++hydra.callbacks.evil={hub_node}", f"+metrics.evil={hub_node}"]
+    OmegaConf.save(OmegaConf.create(saved), callback_checkpoint / "overrides.yaml")
+    rewrite_manifest(callback_checkpoint, relist=["overrides.yaml"])
+    resolver, resolver_checkpoint, config = _their_copy(here, run, "resolver")
+    (resolver / "hubconf.py").write_text(f"def net(**kwargs):\n    open({str(markers['resolver'])!r}, 'w').close()\n")
+    config.metrics = {"evil": "${oc.create:'" + hub_node.replace(str(callback), str(resolver)) + "'}"}
+    OmegaConf.save(config, resolver_checkpoint / "config.yaml")
+    rewrite_manifest(resolver_checkpoint, relist=["config.yaml"])
+
     someone_else = {"RUNNER_HOME": str(here / "another_users_home")}
     cases = [  # (folder, what its config and saved command line name that this user's configs do not)
         (run, "model._target_=mylab.Net"),  # your run, in another user's hands
         (hub, "model._target_=torch.hub.load, model._target_=mylab.Net"),
         (pickled, "model._target_=torch.load, model._target_=mylab.Net"),
         (package, "model._target_=mylab.Net, recipe=evilrun.steal"),
-    ]
+        (callback, "model._target_=mylab.Net, hydra.callbacks.evil._target_=torch.hub.load, metrics.evil._target_="
+         "torch.hub.load"),
+        (resolver, "model._target_=mylab.Net, metrics.evil uses the resolver oc.create"),
+    ]  # fmt: skip
     results = run_cli_refusals([[f"resume={folder}"] for folder, _ in cases], cwd=here, env=someone_else)
     for (folder, named), result in zip(cases, results, strict=True):
         last = result["stderr"].strip().splitlines()[-1]

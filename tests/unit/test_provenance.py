@@ -63,8 +63,11 @@ def test_the_names_of_code_are_read_at_any_depth_and_from_the_saved_overrides(tm
     ]
     checkpoint = _checkpoint(tmp_path / "c", overrides=["+loss._target_=evil.Loss", "recipe=evil.recipe", "seed=1"])
     names = saved_names(checkpoint)
-    assert ("recipe", "supervised") in names
-    assert names[-2:] == [("loss", "evil.Loss"), ("recipe", "evil.recipe")]
+    assert ("recipe", "supervised", "recipe=supervised") in names
+    assert names[-2:] == [
+        ("target", "evil.Loss", "loss._target_=evil.Loss"),
+        ("recipe", "evil.recipe", "recipe=evil.recipe"),
+    ]
 
 
 def test_installed_configs_and_the_command_line_name_their_code():
@@ -113,3 +116,58 @@ def test_a_config_folder_on_the_search_path_names_its_targets(tmp_path, home):
     with pytest.raises(ConfigError, match=r"\(model._target_=mylab.models.Net\)"):
         check_resumable(checkpoint, path="r", overrides=[], search_path=[])
     check_resumable(checkpoint, path="r", overrides=[], search_path=[f"file://{tmp_path / 'conf'}"])
+
+
+HUB = "{_target_: torch.hub.load, repo_or_dir: ., model: net, source: local}"
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides", "named"),
+    [
+        (CONFIG, [f"++hydra.callbacks.evil={HUB}"], "hydra.callbacks.evil._target_=torch.hub.load"),
+        (CONFIG, [f"+metrics.evil={HUB}"], "metrics.evil._target_=torch.hub.load"),
+        (CONFIG, ["model._target_=torch.hub.load,mylab.Net"], "model._target_=torch.hub.load"),
+        ({**CONFIG, "metrics": {"evil": "${oc.create:'" + HUB + "'}"}}, [], "metrics.evil uses the resolver oc.create"),
+        (CONFIG, ["data.root=${oc.decode:'{a: 1}'}"], "uses the resolver oc.decode"),
+        (CONFIG, ["model=[unclosed"], "model=[unclosed"),
+    ],
+    ids=["hydra-callback", "dict-value", "sweep", "resolver-in-config", "resolver-in-override", "unparsed"],
+)
+def test_code_named_anywhere_in_the_saved_config_or_overrides_is_found(tmp_path, home, config, overrides, named):
+    checkpoint = _checkpoint(tmp_path / "run" / "checkpoints" / "checkpoint_0", config, overrides)
+    with pytest.raises(ConfigError) as error:
+        check_resumable(checkpoint, path="r", overrides=[], search_path=[])
+    assert named in str(error.value)
+
+
+def test_damaged_config_files_and_a_command_run_inside_their_folder_are_refused(tmp_path, home, monkeypatch):
+    run = tmp_path / "run"
+    plain = {**CONFIG, "data": {"train": {"_target_": "runner.data.MNIST"}, "eval": None}}
+    checkpoint = _checkpoint(run / "checkpoints" / "checkpoint_0", plain)
+    (checkpoint / "overrides.yaml").write_text("'+metrics.evil={_target_: torch.hub.load}': 1\n")  # a mapping
+    with pytest.raises(ConfigError) as error:
+        check_resumable(checkpoint, path="r", overrides=[], search_path=[])
+    assert str(error.value) == (
+        f"{checkpoint / 'overrides.yaml'} is not a list of overrides; the checkpoint is damaged, so resume another one."
+    )
+    (checkpoint / "overrides.yaml").write_text("[]\n")
+    check_resumable(checkpoint, path="r", overrides=[], search_path=[])
+    monkeypatch.chdir(run / "checkpoints")  # Python would import the folder's own modules first
+    with pytest.raises(ConfigError) as error:
+        check_resumable(checkpoint, path=".", overrides=[], search_path=[])
+    assert str(error.value) == (
+        f"resume=.: {run} was not written by you and this command runs inside it, where Python imports the folder's "
+        f"own modules first; run it from outside the folder (cd {tmp_path})."
+    )
+
+
+def test_a_key_others_can_read_or_that_is_a_link_signs_nothing(tmp_path, home):
+    checkpoint = _checkpoint(tmp_path / "checkpoint_0")
+    sign(checkpoint)
+    assert signed_by_you(checkpoint)
+    os.chmod(key_path(), 0o644)
+    assert not signed_by_you(checkpoint)
+    os.chmod(key_path(), 0o600)
+    key_path().rename(tmp_path / "elsewhere.key")
+    key_path().symlink_to(tmp_path / "elsewhere.key")
+    assert not signed_by_you(checkpoint)
