@@ -15,6 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
 from runner.config import MODEL_COMPUTES_LOSS, ConfigError
 
 # Errors by which a constructor says a value is wrong (torch raises RuntimeError for a negative size, an
@@ -48,7 +50,22 @@ def build(node, *, key: str, target: str | None = None, **kwargs: Any) -> Any:
             raise ConfigError(f"{key}: {str(error).splitlines()[0]}") from None
         if isinstance(cause, (DataFileError, DownloadError)) or not isinstance(cause, _REJECTIONS):
             raise cause from None
+        where = _failed_inside(error, node)
+        if where is not None:  # a nested node's constructor failed (loss.weight, say): name that one
+            inner = OmegaConf.select(node, where)
+            raise rejected(f"{key}.{where}", inner._target_, cause, arguments=_arguments(inner)) from None
         raise rejected(key, target or node._target_, cause, arguments={**_arguments(node), **kwargs}) from None
+
+
+def _failed_inside(error: Exception, node) -> str | None:
+    """The path below ``node`` of the nested ``_target_`` node whose call failed (Hydra names its full key)."""
+    found = re.search(r"^full_key: (\S+)$", str(error), re.MULTILINE)
+    own = node._get_full_key(None) if isinstance(node, DictConfig) else ""
+    if found is None or found.group(1) == own:
+        return None
+    where = found.group(1)[len(own) + 1 :] if own else found.group(1)
+    inner = OmegaConf.select(node, where) if where else None
+    return where if isinstance(inner, DictConfig) and "_target_" in inner else None
 
 
 def call(factory, *args: Any, key: str, target: str) -> Any:
@@ -69,7 +86,8 @@ def rejected(key: str, target: str, error: BaseException, *, arguments: Mapping 
     """
     message = str(error).strip().splitlines()[0].strip() if str(error).strip() else type(error).__name__
     shown = {name: value for name, value in (arguments or {}).items() if not str(name).startswith("_")}
-    values = ", ".join(f"{name}={_short(value)}" for name, value in shown.items())
+    positional = [_short(value) for value in (arguments or {}).get("_args_", None) or []]
+    values = ", ".join([*positional, *(f"{name}={_short(value)}" for name, value in shown.items())])
     if len(values) > 160:
         values = values[:157] + "..."
     called = f"{target.rsplit('.', 1)[-1]}({values})"
@@ -80,8 +98,6 @@ def rejected(key: str, target: str, error: BaseException, *, arguments: Mapping 
 
 def _arguments(node) -> dict:
     """The node's keys with their values, resolved where they resolve."""
-    from omegaconf import OmegaConf
-
     try:
         return OmegaConf.to_container(node, resolve=True)
     except Exception:  # an interpolation that does not resolve (OmegaConf raises several types): as written
@@ -90,7 +106,7 @@ def _arguments(node) -> dict:
 
 def _short(value: Any) -> str:
     """A value as the message shows it: nested nodes and tensors are not spelled out."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from omegaconf import ListConfig
 
     if isinstance(value, (DictConfig, ListConfig)):
         value = OmegaConf.to_container(value, resolve=False)

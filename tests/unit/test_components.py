@@ -169,3 +169,14 @@ class ReadsItsWeights(nn.Module):
         self.scale = nn.Parameter(torch.ones(1))
         if self.scale.item() != 1.0:  # Tensor.item() cannot be called on meta tensors
             raise ValueError("unreachable")
+
+
+def test_a_nested_node_that_fails_is_named_itself():
+    node = OmegaConf.create({"loss": {"_target_": "torch.nn.CrossEntropyLoss",
+                                      "weight": {"_target_": "torch.ones", "_args_": [-1]}}})  # fmt: skip
+    with pytest.raises(ConfigError) as error:
+        build(node.loss, key="loss")
+    assert str(error.value) == (
+        "loss.weight: ones(-1) failed: Trying to create tensor with negative dimension -1: [-1]; fix the loss.weight.* "
+        "keys."
+    )
