@@ -133,7 +133,7 @@ def check_extent(checkpoint: Path, cfg: DictConfig, *, path: str) -> None:
     if isinstance(step, int) and max_steps is not None and step > max_steps:
         raise ConfigError(
             f"resume={path}: {checkpoint.name} is at step {step}, already past trainer.max_steps={max_steps}; "
-            f"give a larger trainer.max_steps to train further (or resume an earlier checkpoint)."
+            "give a larger trainer.max_steps to train further (or resume an earlier checkpoint)."
         )
 
 
