@@ -113,6 +113,7 @@ def resumable_run(
     stop_after: int | None = None,
     resume: bool = False,
     augment: bool = False,
+    num_workers: int = 0,
     fsdp: bool = False,
 ) -> dict:
     """A plain engine script that trains with shuffling and dropout, optionally stopping after
@@ -136,7 +137,7 @@ def resumable_run(
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.9)
     if augment:  # random draws in the dataset, and no generator of the user's on the loader
-        data = DataLoader(AugmentedData(n), batch_size=batch_size, shuffle=True)
+        data = DataLoader(AugmentedData(n), batch_size=batch_size, shuffle=True, num_workers=num_workers)
     else:
         data = loader(indexed_regression_data(n), batch_size)
     model, optimizer, data, scheduler = accelerator.prepare(model, optimizer, data, scheduler)

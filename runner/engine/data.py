@@ -18,7 +18,11 @@ global batches, padding and positions.
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
 import itertools
+import random
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -130,6 +134,63 @@ class Sharding:
         return sum(len(self.rank_slice(range(rows))) for rows in self.global_rows(total))
 
 
+class SeededBatch(list):
+    """A batch's sample indices, and the seed its random draws start from when a loader worker loads it.
+
+    A worker's generators otherwise run on from batch to batch, so the draws a sample gets would
+    depend on which batches that worker happened to load before it, and a resumed run, whose fresh
+    workers begin at the checkpoint, would draw differently from an uninterrupted one. Seeded from
+    the loader's seed, the epoch, the batch's place in it and the rank, each batch draws the same in
+    both, whichever worker loads it. (Without workers the process's own generators serve, and the
+    checkpoint restores them.)
+    """
+
+    seed: int = 0
+
+
+def batch_seed(seed: int, epoch: int, offset: int, rank: int) -> int:
+    """The seed of the global batch that starts ``offset`` samples into ``epoch``, for ``rank``'s share."""
+    key = b"%d:%d:%d:%d" % (seed, epoch, offset, rank)
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+
+
+def seed_generators(seed: int) -> None:
+    """Seed ``random``, numpy's global generator (if numpy is loaded) and torch's CPU generator."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
+
+
+def _init_seeded_worker(worker_init_fn: Callable[[int], None] | None, worker_id: int) -> None:
+    """A loader worker's start: the user's ``worker_init_fn``, then each :class:`SeededBatch` loaded reseeds first.
+
+    The worker's copy of the dataset gets a ``__getitems__`` that torch's fetcher calls with each
+    batch of indices; the dataset in the main process is untouched.
+    """
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
+    dataset = torch.utils.data.get_worker_info().dataset
+    load_batch = getattr(dataset, "__getitems__", None)
+
+    def load_seeded(indices):
+        if isinstance(indices, SeededBatch):
+            seed_generators(indices.seed)
+        indices = list(indices)
+        return load_batch(indices) if load_batch else [dataset[index] for index in indices]
+
+    try:
+        dataset.__getitems__ = load_seeded
+    except (AttributeError, TypeError):  # a dataset that takes no attributes (__slots__): draws as torch seeds them
+        pass
+
+
+def seeded_worker_init_fn(worker_init_fn: Callable[[int], None] | None) -> Callable[[int], None]:
+    """A ``worker_init_fn`` that runs ``worker_init_fn`` and then seeds every batch the worker loads."""
+    return functools.partial(_init_seeded_worker, worker_init_fn)  # a partial pickles, for spawned workers
+
+
 class SeedableRandomSampler(Sampler[int]):
     """A random permutation drawn from ``seed + epoch``: the same on every rank, new each epoch."""
 
@@ -194,8 +255,10 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self.global_batch_size = self.sharding.global_batch_size
         self.skip_samples = 0  # applies to the next pass only
         self.seed: int | None = None  # reseeds a sampler's own generator each epoch (see set_epoch)
+        self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
         elif self.seed is not None and isinstance(getattr(self.sampler, "generator", None), torch.Generator):
@@ -210,8 +273,11 @@ class ShardedBatchSampler(Sampler[list[int]]):
     def remainder(self) -> int:
         return self.remainder_after(0)
 
-    def global_batches(self) -> Iterator[list[int]]:
-        """Every rank's indices of each step together: the global batches, the short last one padded."""
+    def global_batches(self) -> Iterator[SeededBatch]:
+        """Every rank's indices of each step together: the global batches, the short last one padded.
+
+        Each is seeded for rank 0, which loads it whole under ``dispatch_batches``.
+        """
         skip, self.skip_samples = self.skip_samples, 0
         indices = iter(self.sampler)
         # The epoch's first global batch pads its short last one, also in a pass that resumes mid-epoch,
@@ -219,23 +285,31 @@ class ShardedBatchSampler(Sampler[list[int]]):
         head = list(itertools.islice(indices, self.global_batch_size))
         # Skipped samples cost index arithmetic only, never a sample load.
         stream = itertools.islice(itertools.chain(head, indices), skip, None)
+        offset = skip
         while batch := list(itertools.islice(stream, self.global_batch_size)):
             if len(batch) < self.global_batch_size:
                 if last := self.sharding.last_batch(batch, head):
-                    yield last
+                    yield self._seeded(last, offset, rank=0)
                 return
-            yield batch
+            yield self._seeded(batch, offset, rank=0)
+            offset += len(batch)
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def _seeded(self, indices: list[int], offset: int, *, rank: int) -> SeededBatch:
+        batch = SeededBatch(indices)
+        batch.seed = batch_seed(self.seed or 0, self.epoch, offset, rank)
+        return batch
+
+    def __iter__(self) -> Iterator[SeededBatch]:
         if self.sharding.num_processes == 1:
             yield from self.global_batches()
             return
         start, stop = self.process_index * self.per_process, (self.process_index + 1) * self.per_process
+        offset = self.skip_samples
         for batch in self.global_batches():
-            if len(batch) == self.global_batch_size:
-                yield batch[start:stop]
-            elif mine := self.sharding.rank_slice(batch):
-                yield mine
+            mine = batch[start:stop] if len(batch) == self.global_batch_size else self.sharding.rank_slice(batch)
+            if mine:
+                yield self._seeded(mine, offset, rank=self.process_index)
+            offset += len(batch)
 
     def num_batches(self, skipped: int = 0) -> int:
         """This rank's batches in a pass that skips the epoch's first ``skipped`` samples."""
@@ -464,6 +538,8 @@ def prepare_data_loader(
     if options.get("num_workers", 0) == 0:
         options.pop("prefetch_factor", None)
         options.pop("persistent_workers", None)
+    elif not iterable:  # workers load whole batches of indices: each one's random draws are seeded (SeededBatch)
+        options["worker_init_fn"] = seeded_worker_init_fn(options.get("worker_init_fn"))
     common = {
         "device": device,
         "gradient_state": gradient_state,

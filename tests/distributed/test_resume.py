@@ -3,6 +3,7 @@
 import json
 import warnings
 
+import pytest
 import torch
 
 from tests.helpers import assert_same_optimizer_state, resumable_run
@@ -30,6 +31,21 @@ def test_two_processes_interrupted_and_resumed_equal_uninterrupted(launch, tmp_p
         assert rest[rank]["warnings"] == []
     manifest = json.loads((tmp_path / "cut" / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())
     assert {"gradients_0.safetensors", "gradients_1.safetensors"} <= set(manifest["files"])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_random_augmentation_resumes_exactly_on_two_processes(launch, tmp_path, num_workers):
+    # __getitem__ draws from torch's RNG: in the process itself, or in each loader worker.
+    options = {"augment": True, "num_workers": num_workers, "epochs": 2}  # 60 samples: 8 micro-steps an epoch
+    full = launch(_run, str(tmp_path / "full"), options)
+    first = launch(_run, str(tmp_path / "cut"), {**options, "stop_after": 11})  # 3 steps into epoch 1
+    rest = launch(_run, str(tmp_path / "cut"), {**options, "resume": True})
+    for rank in (0, 1):
+        assert first[rank]["seen"] + rest[rank]["seen"] == full[rank]["seen"]
+        assert first[rank]["losses"] + rest[rank]["losses"] == full[rank]["losses"]
+        for key, value in full[rank]["weights"].items():
+            assert torch.equal(value, rest[rank]["weights"][key]), key
+    assert full[0]["losses"] != full[1]["losses"]  # the ranks' augmentations differ
 
 
 def _epoch_samples(parts, epoch_start, epoch_end):

@@ -3,7 +3,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
 from runner.engine import Accelerator
-from runner.engine.data import SeedableRandomSampler, ShardedBatchSampler
+from runner.engine.data import SeedableRandomSampler, ShardedBatchSampler, batch_seed
 
 
 def samplers(n, batch_size, world, **kwargs):
@@ -138,3 +138,49 @@ def test_eval_loop_inside_an_epoch_does_not_end_the_training_loader():
             pass
         ends.append(accelerator.gradient_state.end_of_dataloader)
     assert ends == [False, False, False, False, True, True]
+
+
+class Draws(torch.utils.data.Dataset):
+    """Each item is its index and a number drawn from torch's RNG where it is loaded."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, index):
+        return index, torch.rand(())
+
+
+def _mark_worker(worker_id):
+    torch.utils.data.get_worker_info().dataset.marked_by = worker_id
+
+
+def _draws(loader):
+    return {int(i): float(x) for ids, xs in loader for i, x in zip(ids, xs, strict=True)}
+
+
+def test_loader_workers_draw_per_batch_whatever_worker_loads_it_and_wherever_a_pass_starts():
+    accelerator = Accelerator()
+
+    def prepared(num_workers, **options):
+        loader = DataLoader(Draws(), batch_size=4, shuffle=True, num_workers=num_workers, **options)
+        return accelerator.prepare(loader)
+
+    two = _draws(prepared(2))
+    assert _draws(prepared(1)) == two  # another worker count: the same batches, the same draws
+    resumed = prepared(2)
+    resumed.load_state_dict({"epoch": 0, "samples_seen": 12})
+    later = _draws(resumed)
+    assert len(later) == 12 and all(two[i] == x for i, x in later.items())
+    assert len(set(two.values())) == 24  # nothing repeats: every batch has its own seed
+    marked = prepared(2, worker_init_fn=_mark_worker)
+    assert _draws(marked) == two  # the user's worker_init_fn still runs, before the seeding
+    assert not hasattr(marked.dataset, "marked_by")  # in the workers' copies only
+
+
+def test_batch_seeds_differ_by_epoch_position_and_rank():
+    seeds = {batch_seed(7, epoch, offset, rank) for epoch in (0, 1) for offset in (0, 8) for rank in (0, 1)}
+    assert len(seeds) == 8 and batch_seed(7, 1, 8, 1) == batch_seed(7, 1, 8, 1)
+    first, second = samplers(16, 4, 2)
+    first.seed = second.seed = 7
+    assert [b.seed for b in first] == [batch_seed(7, 0, 0, 0), batch_seed(7, 0, 8, 0)]
+    assert [b.seed for b in second] == [batch_seed(7, 0, 0, 1), batch_seed(7, 0, 8, 1)]

@@ -22,8 +22,13 @@ def test_resume_is_exact_with_random_augmentation_and_no_loader_generator(tmp_pa
     check_resume(tmp_path, 1, "no", stop_after, augment=True)
 
 
-def check_resume(tmp_path, accumulation, precision, stop_after, *, augment):
-    settings = {"accumulation": accumulation, "precision": precision, "augment": augment}
+@pytest.mark.parametrize("stop_after", [5, 22])
+def test_resume_is_exact_with_random_augmentation_in_two_loader_workers(tmp_path, stop_after):
+    check_resume(tmp_path, 1, "no", stop_after, augment=True, num_workers=2)
+
+
+def check_resume(tmp_path, accumulation, precision, stop_after, *, augment, num_workers=0):
+    settings = {"accumulation": accumulation, "precision": precision, "augment": augment, "num_workers": num_workers}
     full = resumable_run(tmp_path / "full", **settings)
     first = resumable_run(tmp_path / "cut", stop_after=stop_after, **settings)
     rest = resumable_run(tmp_path / "cut", resume=True, **settings)
