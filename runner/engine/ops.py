@@ -7,6 +7,7 @@ rank must call it, in the same order, or the job hangs.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -170,7 +171,8 @@ def truncate(data: Any, length: int) -> Any:
 
 
 def split_between_processes(inputs: Any, *, num_processes: int, process_index: int, apply_padding: bool = False):
-    """This process's contiguous share of ``inputs`` (a list, tuple, tensor, or dict of them).
+    """This process's contiguous share of ``inputs``: a list, tuple, tensor, a Hugging Face ``datasets.Dataset``
+    (its share is a ``Dataset`` too), or a dict of them.
 
     The first ``len % num_processes`` processes get one item more. With ``apply_padding`` the
     shorter shares repeat their last item (the input's last item if a share is empty), so every
@@ -189,8 +191,19 @@ def split_between_processes(inputs: Any, *, num_processes: int, process_index: i
         )
     base, extra = divmod(len(inputs), num_processes)
     start = process_index * base + min(process_index, extra)
-    share = inputs[start : start + base + (process_index < extra)]
-    if apply_padding and extra and process_index >= extra and len(inputs):
+    stop = start + base + (process_index < extra)
+    padded = apply_padding and extra and process_index >= extra and len(inputs)
+    if _is_table(inputs):  # rows are chosen by index: slicing a Dataset would return a dict of columns
+        rows = list(range(start, stop))
+        return inputs.select(rows + ([rows[-1] if rows else len(inputs) - 1] if padded else []))
+    share = inputs[start:stop]
+    if padded:
         last = share[-1:] if len(share) else inputs[-1:]
         share = torch.cat([share, last]) if isinstance(share, torch.Tensor) else share + type(share)(last)
     return share
+
+
+def _is_table(inputs: Any) -> bool:
+    """A Hugging Face ``datasets.Dataset`` (checked without importing the library)."""
+    datasets = sys.modules.get("datasets")
+    return datasets is not None and isinstance(inputs, datasets.Dataset)

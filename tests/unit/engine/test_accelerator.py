@@ -176,3 +176,17 @@ def test_fsdp_on_one_process_names_a_missing_shard_unit_and_otherwise_leaves_the
     assert accelerator.prepare(model) is model and accelerator.distributed_type.value == "FSDP"
     with pytest.raises(ValueError, match="state_dict_type='LOCAL' is not supported"):
         FullyShardedDataParallelPlugin(state_dict_type="LOCAL")
+
+
+def test_split_between_processes_gives_a_datasets_table_its_rows_as_a_table():
+    datasets = pytest.importorskip("datasets", reason="the hf extra (datasets) is not installed")
+    from runner.engine.ops import split_between_processes
+
+    table = datasets.Dataset.from_dict({"id": list(range(7)), "text": list("abcdefg")})
+    shares = [split_between_processes(table, num_processes=3, process_index=r, apply_padding=True) for r in range(3)]
+    assert all(isinstance(share, datasets.Dataset) for share in shares)
+    assert [share["id"] for share in shares] == [[0, 1, 2], [3, 4, 4], [5, 6, 6]]
+    assert shares[1]["text"] == ["d", "e", "e"]
+    one = split_between_processes(datasets.Dataset.from_dict({"id": [9]}), num_processes=2, process_index=1,
+                                  apply_padding=True)  # fmt: skip
+    assert one["id"] == [9]  # an empty share repeats the table's last row
