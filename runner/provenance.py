@@ -10,8 +10,10 @@ So every checkpoint the runner writes carries ``signature.json``: an HMAC-SHA256
 ``config.yaml`` and ``overrides.yaml`` under a key that never leaves this user's home
 (``$RUNNER_HOME/signing.key``, by default ``~/.config/runner/``). A checkpoint signed with your key
 is one of your runs and resumes as it was started. Any other may only call the ``_target_``s and
-recipe that your installed config groups and config folders, or the current command line, name;
-anything else is refused in one sentence, unless ``trust_resume=true`` accepts it deliberately.
+recipe that your installed config groups and config folders, or the current command line, name,
+and may run code from the Hugging Face Hub (``trust_remote_code``) only where this command line
+sets it; anything else is refused in one sentence, unless ``trust_resume=true`` accepts it
+deliberately.
 
 Nothing here imports the code it checks: the names are compared as strings, before anything of
 the folder's config is imported, validated or composed.
@@ -221,6 +223,7 @@ def override_names(lines: Iterable[str]) -> Iterator[tuple[str, str, str]]:
             else:
                 for where, target in targets_in(value, key):
                     yield "target", target, f"{where}._target_={target}"
+                yield from _remote_code_in({key.rpartition(".")[2]: value}, key.rpartition(".")[0])
 
 
 def command_line_names(overrides: Iterable[str]) -> tuple[set[str], set[str]]:
@@ -246,7 +249,32 @@ def saved_names(checkpoint: Path) -> list[tuple[str, str, str]]:
     if config.get("recipe") is not None:
         names.append(("recipe", str(config["recipe"]), f"recipe={config['recipe']}"))
     names += list(_resolvers_in(config, ""))
+    names += list(_remote_code_in(config, ""))
     return names + list(override_names(saved_overrides(checkpoint)))
+
+
+REMOTE_CODE_KEY = "trust_remote_code"  # Hugging Face's switch that runs a model's or dataset's code from the Hub
+
+
+def _remote_code_in(node: Any, key: str) -> Iterator[tuple[str, str, str]]:
+    """``("remote code", key, shown)`` for each ``trust_remote_code`` set to anything but false or null.
+
+    An interpolation counts as set: what it resolves to is not known before it runs.
+    """
+    if isinstance(node, dict):
+        for name, value in node.items():
+            where = f"{key}.{name}" if key else str(name)
+            if (
+                name == REMOTE_CODE_KEY
+                and value not in (False, None, 0)
+                and str(value).lower() not in ("false", "null")
+            ):
+                yield "remote code", where, f"{where}={str(value).lower() if isinstance(value, bool) else value}"
+            else:
+                yield from _remote_code_in(value, where)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _remote_code_in(value, f"{key}[{index}]")
 
 
 def _resolvers_in(node: Any, key: str) -> Iterator[tuple[str, str, str]]:
@@ -287,7 +315,8 @@ def check_resumable(checkpoint: Path, *, path: str, overrides: list[str], search
         )
     targets, recipes = installed_names([CONF_DIR, *search_path_folders(search_path)])
     typed_targets, typed_recipes = command_line_names(overrides)
-    allowed = {"target": targets | typed_targets, "recipe": recipes | typed_recipes}
+    typed_remote_code = {name for kind, name, _ in override_names(overrides) if kind == "remote code"}
+    allowed = {"target": targets | typed_targets, "recipe": recipes | typed_recipes, "remote code": typed_remote_code}
     unknown = []
     for kind, name, shown in saved_names(checkpoint):
         if name not in allowed.get(kind, ()) and shown not in unknown:

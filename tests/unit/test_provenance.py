@@ -107,6 +107,28 @@ def test_a_folder_someone_else_wrote_may_name_only_the_code_your_configs_and_com
     check_resumable(checkpoint, path="r", overrides=[], search_path=[])
 
 
+def test_code_from_the_hub_runs_only_where_this_command_line_asks_for_it(tmp_path, home):
+    model = {"_target_": "runner.models.MnistCNN", "trust_remote_code": True, "hub": {"trust_remote_code": "${x}"}}
+    checkpoint = _checkpoint(
+        tmp_path / "checkpoint_0",
+        {**CONFIG, "model": model, "data": {"train": {"_target_": "runner.data.MNIST", "trust_remote_code": False}}},
+        overrides=[
+            "+optimizer.trust_remote_code=true",
+            "+loss={_target_: torch.nn.CrossEntropyLoss, trust_remote_code: 1}",
+        ],
+    )
+    with pytest.raises(ConfigError) as error:
+        check_resumable(checkpoint, path="r", overrides=[], search_path=[])
+    assert "(model.trust_remote_code=true, model.hub.trust_remote_code=${x}, optimizer.trust_remote_code=true, " in str(
+        error.value
+    )
+    assert "loss.trust_remote_code=1)" in str(error.value)  # false (data.train's) is never named
+    typed = ["model.trust_remote_code=true", "model.hub.trust_remote_code=true", "optimizer.trust_remote_code=true"]
+    with pytest.raises(ConfigError, match=r"\(loss.trust_remote_code=1\)"):
+        check_resumable(checkpoint, path="r", overrides=typed, search_path=[])
+    check_resumable(checkpoint, path="r", overrides=[*typed, "loss.trust_remote_code=1"], search_path=[])
+
+
 def test_a_config_folder_on_the_search_path_names_its_targets(tmp_path, home):
     conf = tmp_path / "conf" / "model"
     conf.mkdir(parents=True)
