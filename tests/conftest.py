@@ -1,4 +1,5 @@
-"""Every test process signs its runs with a key of its own, never the key in the user's home."""
+"""Every test process signs its runs with a key of its own, never the key in the user's home, and keeps
+Hugging Face's caches in a folder of its own, offline."""
 
 import os
 
@@ -14,3 +15,17 @@ def _signing_key_of_the_test_session(tmp_path_factory):
         os.environ.pop("RUNNER_HOME", None)
     else:
         os.environ["RUNNER_HOME"] = previous
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _hugging_face_offline_in_a_folder_of_its_own(tmp_path_factory):
+    # datasets caches every .map in HF_HOME; nothing may reach for the Hub (these machines have no network).
+    settings = {"HF_HOME": str(tmp_path_factory.mktemp("hf_home")), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    previous = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)  # inherited by every command run
+    yield
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
