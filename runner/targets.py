@@ -6,6 +6,10 @@ the same mistakes first, as one sentence: it walks the config as plain container
 interpolation like ``${data.root}`` stays as written and nothing is evaluated), imports each dotted
 path with :func:`locate`, and compares the node's keys with the parameters its callable takes.
 
+A torch extension built for another torch than the installed one (torchvision, torchaudio: their import
+fails with a missing operator, symbol or CUDA library) gets the ``pip install`` that matches, not "fix that
+module".
+
 Importing this module imports no torch; checking a config imports each target's module, which may
 (``torch.optim.AdamW`` does), so call :func:`check_targets` once, where the launch is decided.
 """
@@ -16,13 +20,28 @@ import difflib
 import importlib
 import inspect
 import pkgutil
+import re
 import traceback
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from runner.config import ConfigError
 
 KEYWORD_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+# Packages whose compiled part is built against one torch release: the release of each that matches torch
+# major.minor.patch (torchvision 0.28.0 for torch 2.13.0; torchaudio shares torch's number).
+TORCH_EXTENSIONS = {
+    "torchvision": lambda major, minor, patch: f"0.{minor + 15}.{patch}",
+    "torchaudio": lambda major, minor, patch: f"{major}.{minor}.{patch}",
+}
+# How such a package fails to import against another torch build: its operators are missing (its library did
+# not load), a symbol of torch's is missing, or one of torch's libraries (libtorch_cuda, libc10_cuda) is absent.
+_BUILT_FOR_ANOTHER_TORCH = re.compile(
+    r"operator \w+::\w+ does not exist|undefined symbol|cannot open shared object file|Library not loaded|"
+    r"DLL load failed"
+)
+_TORCH_INDEX = "https://download.pytorch.org/whl"
 
 
 def locate(path: str, *, key: str) -> Any:
@@ -173,8 +192,60 @@ def _broken_import(error: Exception, *, module: str, key: str, path: str) -> Con
     what = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
     frames = [frame for frame in traceback.extract_tb(error.__traceback__) if frame.filename != __file__]
     frames = [frame for frame in frames if not frame.filename.startswith("<frozen")]
+    mismatch = _built_for_another_torch(error, module=module, frames=frames, what=what)
+    if mismatch is not None:
+        return ConfigError(f"{key}={path!r} does not import: {mismatch}")
     where = "" if isinstance(error, SyntaxError) or not frames else f" (at {frames[-1].filename}:{frames[-1].lineno})"
     return ConfigError(f"{key}={path!r} does not import: importing {module} raised {what}{where}; fix that module.")
+
+
+def _built_for_another_torch(
+    error: Exception, *, module: str, frames: list[traceback.FrameSummary], what: str
+) -> str | None:
+    """What to install when ``error`` says a torch extension (torchvision, torchaudio) does not fit the torch
+    installed here, or None when it says something else.
+
+    Its fix is a reinstall, not an edit of "that module": the generic sentence would send the user into
+    torchvision's sources. Versions are read from the installed metadata; the broken package is not imported.
+    """
+    if not _BUILT_FOR_ANOTHER_TORCH.search(str(error)):
+        return None
+    package = _torch_extension_of(error, module=module, frames=frames)
+    torch_version = _installed_version("torch")
+    release = re.match(r"(\d+)\.(\d+)\.(\d+)", torch_version or "")
+    if package is None or release is None:
+        return None
+    matching = TORCH_EXTENSIONS[package](*map(int, release.groups()))
+    build = torch_version.partition("+")[2]  # cpu, cu126, rocm6.4, ...: the index that torch came from
+    if build:  # pinned with its local label, so pip replaces an installed build of the same number
+        command = f'pip install "{package}=={matching}+{build}" --index-url {_TORCH_INDEX}/{build}'
+    else:
+        command = f'pip install "{package}=={matching}"'
+    installed = _installed_version(package)
+    which = f"{package} {installed}" if installed else f"this {package}"
+    return (
+        f"{which} was built for another torch than the {torch_version} installed here ({what}); install the "
+        f"{package} build that matches your torch: `{command}`."
+    )
+
+
+def _torch_extension_of(error: Exception, *, module: str, frames: list[traceback.FrameSummary]) -> str | None:
+    """The torch extension that failed: the one the missing operator belongs to, else the innermost one the
+    traceback passes through (a user's module may import it), else the one being imported."""
+    named = re.search(r"operator (\w+)::", str(error))
+    suspects = [named.group(1)] if named else []
+    suspects += [part for frame in reversed(frames) for part in reversed(Path(frame.filename).parts)]
+    suspects.append(module.split(".")[0])
+    return next((name for name in suspects if name in TORCH_EXTENSIONS), None)
+
+
+def _installed_version(distribution: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _public_names(owner: Any) -> list[str]:

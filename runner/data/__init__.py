@@ -1,9 +1,12 @@
 """The built-in datasets, and the one call that prepares any declared dataset before workers start.
 
 ``data.train`` and ``data.eval`` are ``_target_`` nodes; the presets in ``conf/data/`` point them at
-:class:`MNIST` and :class:`CharCorpus`. A dataset class may offer a ``prepare_data(...)`` classmethod
-taking its constructor's arguments (Lightning's name): :func:`prepare_datasets` calls it once, in the
-launching process, so downloads and checks never race between workers.
+:class:`MNIST`, :class:`CharCorpus` and :func:`causal_lm_blocks` (Hugging Face ``datasets`` cut into
+blocks for a causal language model), or at :class:`Split` (a named, sliced split of a dataset whose
+constructor takes ``train: bool``, as torchvision's do). A dataset class may offer a
+``prepare_data(...)`` classmethod taking its constructor's arguments (Lightning's name):
+:func:`prepare_datasets` calls it once, in the launching process, so downloads and checks never race
+between workers.
 
 This package's top level imports no torch; the dataset classes load on first use.
 """
@@ -17,6 +20,8 @@ from runner.data.splits import SplitSpec, parse_split
 __all__ = [
     "MNIST",
     "CharCorpus",
+    "Split",
+    "causal_lm_blocks",
     "DATASETS",
     "TEXT_DATASETS",
     "SplitSpec",
@@ -29,11 +34,16 @@ __all__ = [
 
 TEXT_DATASETS = ("shakespeare_char",)  # character-level corpora, for the language_model recipe
 DATASETS = ("mnist", *TEXT_DATASETS)
-_LAZY = {"MNIST": "runner.data.mnist", "CharCorpus": "runner.data.text"}
+_LAZY = {
+    "MNIST": "runner.data.mnist",
+    "CharCorpus": "runner.data.text",
+    "causal_lm_blocks": "runner.data.hf",
+    "Split": "runner.data.subsets",
+}
 
 
 def __getattr__(name: str):
-    """``runner.data.MNIST`` and ``runner.data.CharCorpus`` import torch only when first used."""
+    """``runner.data.MNIST``, ``CharCorpus``, ``causal_lm_blocks`` and ``Split`` load on first use (torch too)."""
     if name in _LAZY:
         import importlib
 

@@ -189,6 +189,100 @@ def test_a_target_that_is_not_a_dotted_path():
     )
 
 
+# ---------------------------------------------------------------- torch extensions built for another torch
+@pytest.fixture
+def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``installed(name, version, raises=...)``: a package ``name`` first on sys.path whose import raises
+    ``raises``, with its metadata saying ``version`` (None: no metadata); for ``torch``, metadata only (the real
+    torch stays the one imported)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in _modules_of("torchvision", "torchaudio", "visionlab"):  # a real one imported already: back afterwards
+        monkeypatch.delitem(sys.modules, name)
+
+    def install(name: str, version: str | None, *, raises: str | None = None, source: str | None = None) -> None:
+        if version is not None:
+            info = tmp_path / f"{name}-{version}.dist-info"
+            info.mkdir()
+            (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        if raises is not None or source is not None:
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "__init__.py").write_text(source or f"raise {raises}\n")
+        importlib.invalidate_caches()
+
+    yield install
+    for name in _modules_of("torchvision", "torchaudio", "visionlab"):
+        del sys.modules[name]
+
+
+def _modules_of(*packages: str) -> list[str]:
+    return [name for name in sys.modules if name.split(".")[0] in packages]
+
+
+CPU_TORCH_INDEX = "--index-url https://download.pytorch.org/whl/cpu"
+
+
+@pytest.mark.parametrize(
+    ("package", "version", "torch", "error", "fix"),
+    [
+        (  # a CUDA build of torchvision beside the CPU build of torch: what this machine's pip install gives
+            "torchvision", "0.28.0", "2.13.0+cpu", 'RuntimeError("operator torchvision::nms does not exist")',
+            "torchvision 0.28.0 was built for another torch than the 2.13.0+cpu installed here (RuntimeError: "
+            "operator torchvision::nms does not exist); install the torchvision build that matches your torch: "
+            f'`pip install "torchvision==0.28.0+cpu" {CPU_TORCH_INDEX}`.',
+        ),
+        (
+            "torchvision", "0.27.0", "2.13.1",
+            'ImportError("libc10_cuda.so: cannot open shared object file: No such file or directory")',
+            "torchvision 0.27.0 was built for another torch than the 2.13.1 installed here (ImportError: "
+            "libc10_cuda.so: cannot open shared object file: No such file or directory); install the torchvision "
+            'build that matches your torch: `pip install "torchvision==0.28.1"`.',
+        ),
+        (
+            "torchaudio", None, "2.12.0+cu126", 'OSError("_torchaudio.so: undefined symbol: _ZN3c104cuda")',
+            "this torchaudio was built for another torch than the 2.12.0+cu126 installed here (OSError: "
+            "_torchaudio.so: undefined symbol: _ZN3c104cuda); install the torchaudio build that "
+            'matches your torch: `pip install "torchaudio==2.12.0+cu126" --index-url '
+            "https://download.pytorch.org/whl/cu126`.",
+        ),
+    ],
+)  # fmt: skip
+def test_a_torch_extension_built_for_another_torch_names_the_install_that_fixes_it(
+    installed, package, version, torch, error, fix
+):
+    installed("torch", torch)
+    installed(package, version, raises=error)
+    target = f"{package}.datasets.MNIST"
+    assert message({"data": {"train": {"dataset": {"_target_": target, "_partial_": True}}}}) == (
+        f"data.train.dataset._target_={target!r} does not import: {fix}"
+    )
+
+
+def test_a_users_module_that_imports_a_broken_torchvision_gets_the_same_fix(installed):
+    installed("torch", "2.13.0+cpu")
+    installed("torchvision", "0.28.0", raises='ImportError("libtorch_cuda.so: cannot open shared object file")')
+    installed("visionlab", None, source="import torchvision\n\nclass Net: ...\n")
+    assert message({"model": {"_target_": "visionlab.Net"}}) == (
+        "model._target_='visionlab.Net' does not import: torchvision 0.28.0 was built for another torch than the "
+        "2.13.0+cpu installed here (ImportError: libtorch_cuda.so: cannot open shared object file); install the "
+        f'torchvision build that matches your torch: `pip install "torchvision==0.28.0+cpu" {CPU_TORCH_INDEX}`.'
+    )
+
+
+@pytest.mark.parametrize(
+    ("package", "error"),
+    [
+        ("torchvision", "ModuleNotFoundError(\"No module named 'PIL'\", name='PIL')"),  # a missing dependency
+        ("visionlab", 'ImportError("_fastops.so: undefined symbol: fast_add")'),  # a user's own extension
+    ],
+)
+def test_other_import_errors_keep_the_generic_sentence(installed, package, error):
+    installed("torch", "2.13.0+cpu")
+    installed(package, "1.0", raises=error)
+    text = message({"model": {"_target_": f"{package}.Net"}})
+    assert text.startswith(f"model._target_='{package}.Net' does not import: importing {package} raised ")
+    assert text.endswith("__init__.py:1); fix that module.") and "pip install" not in text
+
+
 # --------------------------------------------------------------------------------------------- keywords
 def test_an_unknown_keyword_names_the_close_match(mylab):
     assert message({"model": {"_target_": "mylab.models.TinyMLP", "in_features": 784, "hiden": 64}}) == (
