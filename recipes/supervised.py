@@ -26,6 +26,7 @@ from runner.components import (
     forward,
     labels,
     predictions,
+    save_pretrained_config,
     split_batch,
 )
 from runner.engine import Accelerator, set_seed
@@ -125,6 +126,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     project_dir = Path(accelerator.project_dir)
     accelerator.save_model(model, project_dir / "model")
     if accelerator.is_main_process:
+        save_pretrained_config(accelerator.unwrap_model(model), project_dir / "model")  # transformers: config.json
         summary = {**loop.metrics, "step": progress.step, "epoch": train_loader.iteration}
         write_metrics(project_dir / "metrics.json", summary)
     accelerator.end_training()

@@ -7,12 +7,18 @@
   (Hugging Face style, ``model(**batch)``). ``loss`` is called as ``loss(outputs, targets)``, or is
   ``"model"`` when the model returns its own loss (``outputs.loss``, ``outputs["loss"]`` or a scalar).
   For a dict batch with a ``loss`` node, its ``labels`` entry is the targets.
+- :func:`save_pretrained_config` completes the final model's folder for a Hugging Face model, so
+  ``from_pretrained`` loads it.
 """
 
 from __future__ import annotations
 
+import copy
+import os
 import re
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -127,8 +133,10 @@ def check_construction(cfg) -> None:
     The model is built on the meta device (no memory, no initialisation): checking a large model costs
     nothing. Recipes other than the supervised one build their model with arguments of their own (the
     language model's vocabulary size comes from its data), so only their optimizer and scheduler are
-    checked here, on a stand-in parameter. What only the real build can tell (a constructor that reads
-    files, or that the meta device cannot run) is left to the workers, which report it the same way.
+    checked here, on a stand-in parameter; so are they for a model loaded from files or the Hub
+    (``from_pretrained``), which is not loaded twice. What only the real build can tell (a constructor
+    that reads files, or that the meta device cannot run) is left to the workers, which report it the
+    same way.
 
     Raises:
         ConfigError: One sentence naming the node, its values and the constructor's message.
@@ -142,7 +150,7 @@ def check_construction(cfg) -> None:
     try:
         with torch.device("meta"):
             parameters = [torch.nn.Parameter(torch.empty(1))]
-            if RECIPES.get(cfg.recipe) == RECIPES["supervised"]:
+            if RECIPES.get(cfg.recipe) == RECIPES["supervised"] and not _reads_weights(cfg.model):
                 parameters = list(build(cfg.model, key="model").parameters()) or parameters
             optimizer = build_optimizer(cfg.optimizer, parameters)
             build_scheduler(cfg.scheduler, optimizer, cfg.trainer.max_steps or 1)
@@ -154,6 +162,13 @@ def check_construction(cfg) -> None:
         raise
     except Exception:  # anything else shows in the real build, with its traceback if it is a bug
         return
+
+
+def _reads_weights(node) -> bool:
+    """Whether ``node`` loads a model from files or the Hub (``AutoModelForCausalLM.from_pretrained``,
+    ``torch.hub.load``): checking it would download and read the weights once more before the workers do."""
+    name = str(OmegaConf.select(node, "_target_", default="")).rsplit(".", 1)[-1]
+    return name.startswith("from_") or name == "load"
 
 
 _META = re.compile(r"\bmeta\b", re.IGNORECASE)  # in torch's messages about meta tensors and the Meta backend
@@ -317,3 +332,35 @@ def _describe(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         return f"a {type(value).__name__} of {len(value)} ({', '.join(type(v).__name__ for v in value)})"
     return f"a {type(value).__name__}"
+
+
+# ----------------------------------------------------------------------------------------- final model
+def save_pretrained_config(model, directory: str | os.PathLike) -> list[Path]:
+    """Write ``config.json`` (and ``generation_config.json`` when the model can generate) of a transformers
+    model into ``directory``, beside the weights ``save_model`` wrote there; returns the files written.
+
+    With them the folder is a Hugging Face model: ``AutoModelForCausalLM.from_pretrained(directory)``
+    loads it (the weights are ``model.safetensors``; a tied head is stored once, or under FSDP as an equal copy).
+    ``config.architectures`` names the model's class, as ``save_pretrained`` records it: FSDP2 renames the
+    class of a sharded module to ``FSDP<name>``, and the prefix is dropped again. ``config.dtype`` is the
+    parameters' dtype. The model's own config is left as it is. Any other model (not a transformers
+    ``PreTrainedModel``; transformers is not imported for the question) writes nothing.
+
+    Args:
+        model: The unwrapped model (``accelerator.unwrap_model(model)``); call on the main process only.
+        directory: The folder ``accelerator.save_model`` wrote.
+    """
+    transformers = sys.modules.get("transformers")  # no transformers model can exist unless it was imported
+    if transformers is None or not isinstance(model, transformers.PreTrainedModel):
+        return []
+    from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME
+
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__.removeprefix("FSDP")]
+    config.dtype = str(model.dtype).removeprefix("torch.")
+    config.save_pretrained(directory)
+    written = [Path(directory) / CONFIG_NAME]
+    if model.can_generate() and model.generation_config is not None:
+        model.generation_config.save_pretrained(directory)
+        written.append(Path(directory) / GENERATION_CONFIG_NAME)
+    return written

@@ -25,6 +25,18 @@ construction (and back after every ``forward``), and ``dist_sync_on_step`` only 
 
 Any object with ``update(outputs, targets)``, ``compute()`` and ``reset()`` is a metric too; its
 result must be a number, a one-element tensor, or a dict of those, and is logged as plain floats.
+
+A causal language model's logits at position t predict the token at t + 1, and a Hugging Face model
+takes unshifted labels (it shifts inside its loss). :func:`drop_last_position` and
+:func:`drop_first_position` line the two up for a metric, as ``transform_pred`` and
+``transform_target`` of torchmetrics' ``LambdaInputTransformer`` (``conf/data/shakespeare_hf.yaml``)::
+
+    metrics:
+      perplexity:
+        _target_: torchmetrics.wrappers.LambdaInputTransformer
+        wrapped_metric: {_target_: torchmetrics.text.Perplexity, ignore_index: -100}
+        transform_pred: {_target_: runner.metrics.drop_last_position, _partial_: true}
+        transform_target: {_target_: runner.metrics.drop_first_position, _partial_: true}
 """
 
 from __future__ import annotations
@@ -162,6 +174,19 @@ def _check_protocol(name: str, metric: Any) -> None:
             f"metrics.{name} ({type(metric).__name__}) has no {' or '.join(missing)}; a metric needs "
             "update(outputs, targets), compute() and reset(), as torchmetrics' Metric classes have."
         )
+
+
+def drop_last_position(logits: torch.Tensor) -> torch.Tensor:
+    """``logits[:, :-1]``: the predictions of positions 0..T-2, each scored against the next token.
+
+    Module-level (not a lambda) so that the metric holding it pickles.
+    """
+    return logits[:, :-1]
+
+
+def drop_first_position(labels: torch.Tensor) -> torch.Tensor:
+    """``labels[:, 1:]``: the tokens of positions 1..T-1, the ones :func:`drop_last_position`'s logits predict."""
+    return labels[:, 1:]
 
 
 def _never_distributed() -> bool:

@@ -1,9 +1,10 @@
 """Eval metrics count every sample exactly once, on 1 process and on 2, padding or not, with no second sync."""
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics import Metric
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from runner.engine import Accelerator
 from runner.metrics import build_metrics
@@ -33,6 +34,24 @@ def accuracy_config() -> dict[str, dict[str, object]]:
     return {"accuracy": {**accuracy, "average": "micro"}}
 
 
+# Macro F1 (a mean of per-class ratios) and next-token perplexity (as conf/data/shakespeare_hf.yaml declares it,
+# over [samples, positions, classes] logits): exact only if every sample is counted exactly once.
+F1 = {"_target_": "torchmetrics.classification.MulticlassF1Score", "num_classes": NUM_CLASSES, "average": "macro"}
+PERPLEXITY = {
+    "_target_": "torchmetrics.wrappers.LambdaInputTransformer",
+    "wrapped_metric": {"_target_": "torchmetrics.text.Perplexity"},
+    "transform_pred": {"_target_": "runner.metrics.drop_last_position", "_partial_": True},
+    "transform_target": {"_target_": "runner.metrics.drop_first_position", "_partial_": True},
+}
+POSITIONS = 3
+
+
+def as_sequences(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sample as a sequence of POSITIONS steps: the logits shifted by the position, the labels rolled."""
+    steps = torch.arange(POSITIONS)
+    return logits.unsqueeze(1) + steps[None, :, None], (labels.unsqueeze(1) + steps) % NUM_CLASSES
+
+
 def eval_set(size: int) -> TensorDataset:
     generator = torch.Generator().manual_seed(size)
     labels = torch.randint(0, NUM_CLASSES, (size,), generator=generator)
@@ -44,15 +63,18 @@ def evaluate(accelerator: Accelerator, size: int) -> dict[str, float]:
     """The recipe's eval loop, with the inputs standing in for the model's outputs."""
     config = {
         **accuracy_config(),
+        "f1": F1,
         "count": {"_target_": "tests.helpers.SampleCount"},
         "synced_count": {"_target_": f"{__name__}.SyncedSampleCount"},
     }
     metrics = build_metrics(config, device=accelerator.device)
+    perplexity = build_metrics({"perplexity": PERPLEXITY}, device=accelerator.device)
     loader = accelerator.prepare(DataLoader(eval_set(size), batch_size=BATCH_SIZE))
     for logits, labels in loader:
         outputs, targets = accelerator.gather_for_metrics((logits, labels))
         metrics.update(outputs, targets)
-    return metrics.compute()
+        perplexity.update(*as_sequences(outputs, targets))
+    return {**metrics.compute(), **perplexity.compute()}
 
 
 def evaluate_every_size(accelerator: Accelerator) -> dict[int, dict[str, float]]:
@@ -83,11 +105,23 @@ def accuracy_on_one_process(size: int) -> float:
     return float(MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro")(logits, labels))
 
 
+def f1_and_perplexity_in_one_batch(size: int) -> tuple[float, float]:
+    """Macro F1 and next-token perplexity over the whole set at once, by torch and torchmetrics alone."""
+    logits, labels = eval_set(size).tensors
+    f1 = MulticlassF1Score(num_classes=NUM_CLASSES, average="macro")(logits, labels)
+    sequences, targets = as_sequences(logits, labels)
+    loss = torch.nn.functional.cross_entropy(sequences[:, :-1].transpose(1, 2), targets[:, 1:])
+    return float(f1), float(torch.exp(loss))
+
+
 def check_every_sample_once(results: dict[int, dict[str, float]]) -> None:
     for size in SIZES:
         # A second sync would double the torchmetrics count but not the accuracy, a ratio of doubled counts.
         assert results[size]["eval/count"] == results[size]["eval/synced_count"] == size
         assert results[size]["eval/accuracy"] == accuracy_on_one_process(size)  # exact: counts, not averages
+        f1, perplexity = f1_and_perplexity_in_one_batch(size)
+        assert results[size]["eval/f1"] == f1  # per-class counts, summed over batches: exact
+        assert results[size]["eval/perplexity"] == pytest.approx(perplexity, rel=1e-6)  # float sums in batches
 
 
 def test_every_sample_counted_once_on_one_process():

@@ -163,6 +163,24 @@ def test_constructors_are_checked_before_launch_on_the_meta_device():
     check_construction(_run_config({"_target_": f"{__name__}.ReadsItsWeights"}))
 
 
+class Pretrained(nn.Linear):
+    loads: list[str] = []
+
+    @classmethod
+    def from_pretrained(cls, name):
+        cls.loads.append(name)
+        return cls(2, 2)
+
+
+def test_a_model_loaded_from_files_or_the_hub_is_not_loaded_before_launch():
+    loader = {"_target_": f"{__name__}.Pretrained.from_pretrained", "name": "gpt2"}
+    check_construction(_run_config(loader))
+    assert Pretrained.loads == []  # the workers load it, once each
+    bad_lr = {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": -1.0}
+    with pytest.raises(ConfigError, match=r"^optimizer: AdamW\(lr=-1.0\) failed"):  # the rest is still checked
+        check_construction(_run_config(loader, optimizer=bad_lr))
+
+
 class ReadsItsWeights(nn.Module):
     def __init__(self):
         super().__init__()

@@ -29,17 +29,24 @@ def test_conf_has_every_group_of_the_contract():
     assert {"mnist", "mnist_ddp"} <= {option for group, option in GROUP_OPTIONS if group == "experiment"}
 
 
-# Options of the language model, composed with its recipe, model and data (each alone belongs to it).
-LANGUAGE_MODEL = {"recipe": "language_model", "model": "gpt", "data": "shakespeare_char"}
+# Options that belong with others, each composed with its family's recipe, model and data, by the model they build.
+FAMILIES = {
+    "runner.models.GPT": {"recipe": "language_model", "model": "gpt", "data": "shakespeare_char"},
+    "transformers.GPT2LMHeadModel": {"model": "gpt2_hf", "data": "shakespeare_hf"},
+}
+EXPERIMENT_MODELS = {"shakespeare_gpt": "runner.models.GPT", "shakespeare_hf": "transformers.GPT2LMHeadModel"}
 
 
 @pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS)
 def test_every_yaml_composes_and_validates(group, option):
-    language = LANGUAGE_MODEL.get(group) == option or (group == "experiment" and option.startswith("shakespeare"))
-    alongside = [f"{key}={value}" for key, value in LANGUAGE_MODEL.items() if key != group]
-    cfg = composed(*(alongside if language and group != "experiment" else []), f"{group}={option}")
+    expected, overrides = "runner.models.MnistCNN", []
+    if group == "experiment":
+        expected = next((model for name, model in EXPERIMENT_MODELS.items() if option.startswith(name)), expected)
+    for model, family in FAMILIES.items():
+        if family.get(group) == option:
+            expected, overrides = model, [f"{key}={value}" for key, value in family.items() if key != group]
+    cfg = composed(*overrides, f"{group}={option}")
     validate(cfg)
-    expected = "runner.models.GPT" if language else "runner.models.MnistCNN"
     assert OmegaConf.select(cfg, "model._target_") == expected
     first_line = (CONF_DIR / group / f"{option}.yaml").read_text().splitlines()[0]
     assert first_line.startswith("#")  # every YAML says what it is

@@ -105,19 +105,37 @@ class FSDPStrategy:
         return _no_gradient_sync(model)
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """The whole model's state on rank 0's CPU, gathered from every rank (a collective; {} elsewhere)."""
+        """The whole model's state on rank 0's CPU, gathered from every rank (a collective; {} elsewhere).
+
+        Names that share one parameter (a head tied to the embedding) share one tensor again, as in
+        ``model.state_dict()``: gathering gives each name a copy of its own, which a save would store twice.
+        """
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         model = unwrap_module(model)
         if not _is_sharded(model):
             return model.state_dict()
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(model, options=options)
+        state = get_model_state_dict(model, options=options)
+        for names in _tied_names(model):
+            kept = next((name for name in names if name in state), None)
+            for name in names:
+                if kept is not None and name in state:
+                    state[name] = state[kept]
+        return state
 
     @staticmethod
     def total_norm(norm: torch.Tensor) -> torch.Tensor:
         """clip_grad_norm_ over sharded gradients returns a DTensor: the norm across all shards."""
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+def _tied_names(model: nn.Module) -> list[list[str]]:
+    """The groups of parameter and buffer names that are one tensor of ``model``."""
+    names: dict[int, list[str]] = {}
+    for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        names.setdefault(id(tensor), []).append(name)
+    return [group for group in names.values() if len(group) > 1]
 
 
 def _is_sharded(model: nn.Module) -> bool:
