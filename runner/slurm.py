@@ -18,8 +18,11 @@ requeued job continues in its own folder (``resume=outputs/slurm-<job id>``).
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
+import shutil
+import subprocess
 
 
 def _int(name: str) -> int | None:
@@ -34,22 +37,65 @@ def under_srun() -> bool:
 
 
 def expand_hostlist(hostlist: str) -> list[str]:
-    """Slurm's compressed host list (``gpu[01-03,07],login1``) as host names, in order."""
+    """Slurm's compressed host list as host names, in Slurm's order.
+
+    Items are separated by commas outside brackets; each bracket holds numbers and ranges (leading
+    zeros set the width), and an item with several brackets names every combination, the first bracket
+    varying slowest: ``gpu[01-02]-ib`` is gpu01-ib, gpu02-ib; ``rack[1-2]-node[01-02]`` is rack1-node01,
+    rack1-node02, rack2-node01, rack2-node02; ``a,b[3,5-6]`` is a, b3, b5, b6.
+
+    Raises:
+        ValueError: A bracket is not closed, or holds something other than numbers and ranges.
+    """
     hosts: list[str] = []
-    for match in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", hostlist):
-        prefix, ranges = match.group(1), match.group(2)
-        if ranges is None:
-            hosts.append(prefix)
-            continue
-        for part in ranges.split(","):
-            start, _, stop = part.partition("-")
-            for number in range(int(start), int(stop or start) + 1):
-                hosts.append(f"{prefix}{number:0{len(start)}d}")
+    for item in _top_level_items(hostlist):
+        parts = re.split(r"(\[[^\[\]]*\])", item)
+        if any("[" in part or "]" in part for part in parts if not part.startswith("[")):
+            raise ValueError(f"The Slurm host list {hostlist!r} has an unbalanced bracket in {item!r}.")
+        choices = [_bracket_values(part[1:-1], hostlist) if part.startswith("[") else [part] for part in parts if part]
+        hosts += ["".join(combination) for combination in itertools.product(*choices)]
     return hosts
 
 
+def _top_level_items(hostlist: str) -> list[str]:
+    """``hostlist`` split at the commas outside brackets."""
+    items, depth, current = [], 0, []
+    for character in hostlist:
+        depth += {"[": 1, "]": -1}.get(character, 0)
+        if character == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+        else:
+            current.append(character)
+    items.append("".join(current))
+    return [item.strip() for item in items if item.strip()]
+
+
+def _bracket_values(ranges: str, hostlist: str) -> list[str]:
+    values = []
+    for part in ranges.split(","):
+        start, _, stop = part.strip().partition("-")
+        if not start.isdigit() or not (stop or start).isdigit():
+            raise ValueError(
+                f"The Slurm host list {hostlist!r} has {ranges!r} in brackets; expected numbers and ranges."
+            )
+        values += [f"{number:0{len(start)}d}" for number in range(int(start), int(stop or start) + 1)]
+    return values
+
+
 def first_host() -> str:
+    """The job's first host: what ``scontrol show hostnames`` lists first, or :func:`expand_hostlist`'s without it."""
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or "127.0.0.1"
+    scontrol = shutil.which("scontrol")
+    if scontrol is not None:
+        try:
+            shown = subprocess.run(
+                [scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True
+            ).stdout.split()
+        except (OSError, subprocess.SubprocessError):
+            shown = []
+        if shown:
+            return shown[0]
     return expand_hostlist(nodelist)[0]
 
 

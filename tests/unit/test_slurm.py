@@ -11,10 +11,40 @@ from runner import slurm
         ("gpu[01-03,07],login1", ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]),
         ("node7", ["node7"]),
         ("a[9-10],b[1]", ["a9", "a10", "b1"]),
+        ("gpu[01-02]-ib", ["gpu01-ib", "gpu02-ib"]),
+        ("rack[1-2]-node[01-02]", ["rack1-node01", "rack1-node02", "rack2-node01", "rack2-node02"]),
+        ("a,b[3,5-6]", ["a", "b3", "b5", "b6"]),
+        ("n[8-11]-x,login", ["n8-x", "n9-x", "n10-x", "n11-x", "login"]),
     ],
 )
 def test_slurm_host_lists_expand_in_order(hostlist, hosts):
     assert slurm.expand_hostlist(hostlist) == hosts
+
+
+@pytest.mark.parametrize(
+    ("hostlist", "message"),
+    [
+        ("gpu[01-02", "The Slurm host list 'gpu[01-02' has an unbalanced bracket in 'gpu[01-02'."),
+        ("gpu01]", "The Slurm host list 'gpu01]' has an unbalanced bracket in 'gpu01]'."),
+        ("gpu[a-b]", "The Slurm host list 'gpu[a-b]' has 'a-b' in brackets; expected numbers and ranges."),
+    ],
+)
+def test_a_host_list_slurm_would_not_write_is_one_sentence(hostlist, message):
+    with pytest.raises(ValueError) as error:
+        slurm.expand_hostlist(hostlist)
+    assert str(error.value) == message
+
+
+def test_the_first_host_is_scontrols_when_it_is_installed(monkeypatch, tmp_path):
+    _job(monkeypatch, SLURM_JOB_NODELIST="rack[1-2]-node[01-02]")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert slurm.first_host() == "rack1-node01"  # no scontrol: the parser's
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(
+        '#!/bin/sh\n[ "$1 $2 $3" = "show hostnames rack[1-2]-node[01-02]" ] && echo r1n1 && echo r1n2\n'
+    )
+    scontrol.chmod(0o755)
+    assert slurm.first_host() == "r1n1"
 
 
 def _job(monkeypatch, **variables):
