@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.files import write_atomically, write_text_atomically
 from runner.sweeps import JOB_FILE, read_job, swept_keys
 
 SUMMARY_FILES = ("summary.csv", "summary.md", "summary.png")
@@ -267,21 +268,15 @@ def _plot(path: Path, jobs: list[Job], keys: list[str]) -> None:
         curves.legend(fontsize="small")
     figure.suptitle(f"Sweep {path.parent.name}: {objective} per parameter, and every job's {LOSS}")
     figure.tight_layout()
-    partial = _partial(path)
-    figure.savefig(partial, format="png", dpi=100)
-    plt.close(figure)
-    os.replace(partial, path)
+    try:
+        # Jobs of a sweep that end at once may all rewrite it: each under a temporary name of its own.
+        write_atomically(path, lambda partial: figure.savefig(partial, format="png", dpi=100), shared=True)
+    finally:
+        plt.close(figure)
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    partial = _partial(path)
-    partial.write_text(text)
-    os.replace(partial, path)
-
-
-def _partial(path: Path) -> Path:
-    """A temporary name beside ``path``, this process's own: jobs running at once may all rewrite it."""
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write_text_atomically(path, text, shared=True)  # jobs running at once may all rewrite it
 
 
 def _is_number(value: Any) -> bool:

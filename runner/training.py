@@ -19,12 +19,12 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from runner import preemption
+from runner.files import write_text_atomically
 from runner.startup import log_first_step, stamp
 
 logger = logging.getLogger("runner")
@@ -301,14 +301,8 @@ def config_hash(cfg: DictConfig) -> str:
 
 
 def write_metrics(path: str | os.PathLike, metrics: dict[str, Any]) -> None:
-    """Write ``metrics`` as JSON, atomically, never through a link of the temporary name."""
-    path = Path(path)
-    partial = path.with_name(path.name + ".tmp")
-    partial.unlink(missing_ok=True)  # left by a crash; removes a link itself, not its target
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(descriptor, "w") as f:
-        f.write(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    os.replace(partial, path)
+    """Write ``metrics`` as JSON, atomically and durably, never through a link."""
+    write_text_atomically(path, json.dumps(metrics, indent=2, sort_keys=True) + "\n", mode=0o644)
 
 
 # Dense bf16 tensor-core peaks (FLOP/s) by GPU name, most specific first: the denominator of MFU.

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
+
+from runner.files import commit_file
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def download_file(target: Path, *, urls: Iterable[str], sha256: str) -> Path:
             continue
         digest = sha256_of(partial)
         if digest == sha256:
-            os.replace(partial, target)
+            commit_file(partial, target)  # durable under its name only once its checksum matches
             return target
         errors.append(f"{url}: sha256 {digest} is not the published {sha256}")
     partial.unlink(missing_ok=True)

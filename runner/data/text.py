@@ -28,6 +28,7 @@ from torch.utils.data import Dataset
 from runner.data.download import DataFileError
 from runner.data.splits import parse_split
 from runner.data.text_files import SHAKESPEARE_FILE, TEXT_SPLITS, download_shakespeare, find_corpus, split_boundary
+from runner.files import write_text_atomically
 
 VOCAB_FILE = "vocab.json"
 
@@ -57,10 +58,7 @@ class CharVocab:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write ``{"chars": [...]}`` as JSON, atomically."""
-        path = Path(path)
-        partial = path.with_name(path.name + ".tmp")
-        partial.write_text(json.dumps({"chars": self.chars}, ensure_ascii=False) + "\n", encoding="utf-8")
-        os.replace(partial, path)
+        write_text_atomically(path, json.dumps({"chars": self.chars}, ensure_ascii=False) + "\n")
 
     def __len__(self) -> int:
         return len(self.chars)

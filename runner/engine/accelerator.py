@@ -6,7 +6,6 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,6 +48,7 @@ from runner.engine.precision import (
 from runner.engine.rng import synchronize_rng_states
 from runner.engine.serialization import save_model_files, save_safetensors
 from runner.engine.tracking import GeneralTracker, build_trackers
+from runner.files import write_atomically
 
 _SCHEDULER_TYPES = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 _KWARGS_HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, AutocastKwargs)
@@ -484,13 +484,9 @@ class Accelerator:
         """
         if not self.is_main_process:
             return
-        path = Path(f)
-        partial_path = path.with_name(path.name + ".tmp")
-        if safe_serialization:
-            save_safetensors(obj, partial_path)
-        else:
-            torch.save(obj, partial_path)
-        os.replace(partial_path, path)
+        write_atomically(
+            f, lambda partial: save_safetensors(obj, partial) if safe_serialization else torch.save(obj, partial)
+        )
 
     def print(self, *args, **kwargs) -> None:
         """``print`` on the main process only."""

@@ -50,6 +50,7 @@ from runner.engine.manifest import CheckpointError, CheckpointNotFoundError, rea
 from runner.engine.ops import broadcast_object_list, gather_object
 from runner.engine.rng import get_rng_state, set_rng_state, set_seed
 from runner.engine.serialization import load_safetensors, save_safetensors, torch_save
+from runner.files import fsync_path, sync_tree, write_atomically
 
 _CHECKPOINT_RE = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
 
@@ -167,9 +168,7 @@ def checkpoints_dir(project_dir: str | os.PathLike) -> Path:
 
 
 def _torch_save_atomically(obj: Any, path: Path) -> None:
-    partial = path.with_name(path.name + ".tmp")
-    torch_save(obj, partial)
-    os.replace(partial, path)
+    write_atomically(path, lambda partial: torch_save(obj, partial))
 
 
 def _torch_load(path: Path) -> Any:
@@ -260,6 +259,7 @@ def save_training_state(
             contents=_contents(state, metadata),
             metadata=metadata,
         )
+        sync_tree(staging)  # every file and folder on disk before the rename that makes the checkpoint exist
         _commit(staging, target)
         if after_commit is not None:
             after_commit()
@@ -370,6 +370,7 @@ def check_writable_target(target: Path) -> None:
 def _commit(staging: Path, target: Path) -> None:
     if not target.exists() or (target.is_dir() and not any(target.iterdir())):
         os.replace(staging, target)  # onto an empty directory, rename replaces it atomically
+        fsync_path(target.parent)
         return
     # An explicit output_dir that already holds a checkpoint: swap, then delete the old one, so a
     # crash at any moment leaves either the old or the new checkpoint intact.
@@ -377,6 +378,7 @@ def _commit(staging: Path, target: Path) -> None:
     _remove_folder(previous)
     os.replace(target, previous)
     os.replace(staging, target)
+    fsync_path(target.parent)
     _remove_folder(previous)
 
 

@@ -45,6 +45,7 @@ from runner.engine.constants import (
     indexed_name,
     rng_state_name,
 )
+from runner.files import write_text_atomically
 
 MANIFEST_FORMAT = 4
 # Files are hashed in slices of this many bytes, all slices of all files in parallel threads
@@ -193,9 +194,7 @@ def write_manifest(
     }
     manifest = json.loads(json.dumps({**metadata, **own}))  # as it will read back: tuples as lists, str keys
     manifest["digest"] = manifest_digest(manifest)
-    partial = staging / (MANIFEST_NAME + ".tmp")
-    partial.write_text(json.dumps(manifest, indent=2))
-    os.replace(partial, staging / MANIFEST_NAME)
+    write_text_atomically(staging / MANIFEST_NAME, json.dumps(manifest, indent=2))
 
 
 def _regular_files(staging: Path) -> list[Path]:

@@ -16,7 +16,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -33,6 +33,7 @@ from runner.engine.constants import (
     WEIGHTS_NAME,
     WEIGHTS_SHARD_PATTERN,
 )
+from runner.files import write_atomically
 
 _ALIASES_KEY = "aliases"
 # save_model_files marks its index jsons, its record of the files it wrote, with this metadata entry.
@@ -169,20 +170,6 @@ def _shard(state_dict: Mapping[str, torch.Tensor], max_bytes: int) -> list[dict[
     return shards
 
 
-def _replace_atomically(write: Callable[[Path], None], path: Path) -> None:
-    """Write under a temporary name, then rename over ``path``: a symbolic link there is replaced, never followed."""
-    partial = path.with_name(path.name + ".tmp")
-    if os.path.lexists(partial):
-        partial.unlink()  # left by a save that crashed (never followed: unlink removes a link itself)
-    os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666))
-    try:
-        write(partial)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    os.replace(partial, path)
-
-
 def save_model_files(
     state_dict: Mapping[str, torch.Tensor],
     save_directory: str | os.PathLike,
@@ -221,11 +208,11 @@ def save_model_files(
         shard_aliases = {alias: target for alias, target in aliases.items() if target in shard}
         if safe_serialization:
             metadata = {"format": "pt", _ALIASES_KEY: json.dumps(shard_aliases)}
-            _replace_atomically(lambda p: _save_file(shard, p, metadata), path)
+            write_atomically(path, lambda p: _save_file(shard, p, metadata))
         else:
             shard_with_aliases = dict(shard)
             shard_with_aliases.update({alias: shard[target] for alias, target in shard_aliases.items()})
-            _replace_atomically(lambda p: torch_save(shard_with_aliases, p), path)
+            write_atomically(path, lambda p: torch_save(shard_with_aliases, p))
 
     names = (
         [single]
@@ -240,7 +227,7 @@ def save_model_files(
     total_size = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {"metadata": {"total_size": total_size, _WRITER_KEY: _WRITER}, "weight_map": weight_map}
     text = json.dumps(index, indent=2, sort_keys=True)
-    _replace_atomically(lambda p: p.write_text(text), directory / index_name)
+    write_atomically(directory / index_name, lambda p: p.write_text(text))
     written = [directory / name for name in (*names, index_name)]
     for name in sorted(previous - {path.name for path in written}):
         _remove_regular_file(directory / name)
