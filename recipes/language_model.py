@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, RandomSampler
 from runner.components import build, build_datasets
 from runner.data.text import VOCAB_FILE, CharVocab
 from runner.engine import Accelerator, CheckpointError, set_seed
+from runner.layout import METRICS_FILE, MODEL_DIR
 from runner.training import (
     TrainingLoop,
     TrainingProgress,
@@ -166,12 +167,12 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
             loop.optimizer_step(lr=optimizer.param_groups[0]["lr"])
 
     project_dir = Path(accelerator.project_dir)
-    accelerator.save_model(model, project_dir / "model")
+    accelerator.save_model(model, project_dir / MODEL_DIR)
     samples = generate_samples(model, vocab, accelerator, seed=cfg.seed)
     if accelerator.is_main_process:
-        vocab.save(project_dir / "model" / VOCAB_FILE)
+        vocab.save(project_dir / MODEL_DIR / VOCAB_FILE)
         (project_dir / SAMPLES_FILE).write_text("\n\n---\n\n".join(samples) + "\n", encoding="utf-8")
         summary = {**loop.metrics, "step": progress.step, "epoch": train_loader.iteration}
-        write_metrics(project_dir / "metrics.json", summary)
+        write_metrics(project_dir / METRICS_FILE, summary)
     accelerator.end_training()
     return loop.objective(cfg.objective.metric)

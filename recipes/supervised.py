@@ -30,6 +30,7 @@ from runner.components import (
     split_batch,
 )
 from runner.engine import Accelerator, set_seed
+from runner.layout import METRICS_FILE, MODEL_DIR
 from runner.metrics import Metrics, build_metrics
 from runner.training import (
     TrainingLoop,
@@ -124,10 +125,10 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
             loop.optimizer_step(lr=optimizer.param_groups[0]["lr"])
 
     project_dir = Path(accelerator.project_dir)
-    accelerator.save_model(model, project_dir / "model")
+    accelerator.save_model(model, project_dir / MODEL_DIR)
     if accelerator.is_main_process:
-        save_pretrained_config(accelerator.unwrap_model(model), project_dir / "model")  # transformers: config.json
+        save_pretrained_config(accelerator.unwrap_model(model), project_dir / MODEL_DIR)  # transformers: config.json
         summary = {**loop.metrics, "step": progress.step, "epoch": train_loader.iteration}
-        write_metrics(project_dir / "metrics.json", summary)
+        write_metrics(project_dir / METRICS_FILE, summary)
     accelerator.end_training()
     return loop.objective(cfg.objective.metric)

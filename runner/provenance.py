@@ -37,13 +37,14 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from runner.config import RECIPES, ConfigError
+from runner.layout import CONFIG_FILE, OVERRIDES_FILE
 
 logger = logging.getLogger("runner")
 
 SIGNATURE_FILE = "signature.json"
 KEY_FILE = "signing.key"
 TRUST_KEY = "trust_resume"  # the override that accepts a folder's code deliberately
-SIGNED_FILES = ("config.yaml", "overrides.yaml")  # runner.worker's CONFIG_FILE and OVERRIDES_FILE
+SIGNED_FILES = (CONFIG_FILE, OVERRIDES_FILE)
 
 
 def key_path() -> Path:

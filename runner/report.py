@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.files import write_atomically, write_text_atomically
+from runner.layout import HYDRA_DIR, HYDRA_OVERRIDES_FILE, LOGS_DIR, METRICS_FILE
 from runner.sweeps import JOB_FILE, read_job, swept_keys
 
 SUMMARY_FILES = ("summary.csv", "summary.md", "summary.png")
@@ -73,9 +74,9 @@ def collect(sweep_dir: Path) -> list[Job]:
             wall_time_s=record.get("wall_time_s"),
             error=record.get("error", ""),
         )
-        job.curves = read_scalars(project_dir / "logs")
+        job.curves = read_scalars(project_dir / LOGS_DIR)
         job.metrics = {tag: points[-1][1] for tag, points in job.curves.items()}
-        metrics_file = project_dir / "metrics.json"
+        metrics_file = project_dir / METRICS_FILE
         if status == "finished" and metrics_file.is_file():
             job.metrics.update(json.loads(metrics_file.read_text()))
         if job.objective and job.curves.get(job.objective):
@@ -98,7 +99,7 @@ def _job_folders(sweep_dir: Path) -> list[Path]:
 
 
 def _hydra_overrides(folder: Path) -> list[str]:
-    path = folder / ".hydra" / "overrides.yaml"
+    path = folder / HYDRA_DIR / HYDRA_OVERRIDES_FILE
     if not path.is_file():
         return []
     from omegaconf import OmegaConf

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.config import ConfigError
 from runner.engine.constants import CHECKPOINTS_DIR
-from runner.worker import CONFIG_FILE, OVERRIDES_FILE
+from runner.layout import CONFIG_FILE, OVERRIDES_FILE
 
 logger = logging.getLogger("runner")
 

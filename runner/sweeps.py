@@ -27,6 +27,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from runner.files import write_text_atomically
+from runner.layout import HYDRA_DIR, HYDRA_OVERRIDES_FILE
+
 logger = logging.getLogger("runner")
 
 JOB_FILE = "job.json"
@@ -129,8 +132,6 @@ class SweepJob:
         self._write(STOPPED, error=reason)
 
     def _write(self, status: str, **extra: Any) -> None:
-        from runner.training import write_metrics
-
         self.record.update(status=status, wall_time_s=round(time.time() - self.started, 3), **extra)
         if status == RUNNING:
             self.record.pop("error", None)
@@ -138,7 +139,7 @@ class SweepJob:
         else:
             self.record["ended_at"] = _now()
         self.folder.mkdir(parents=True, exist_ok=True)
-        write_metrics(self.folder / JOB_FILE, self.record)
+        write_text_atomically(self.folder / JOB_FILE, json.dumps(self.record, indent=2, sort_keys=True) + "\n")
 
 
 def apply_thread_budget(num_processes: int) -> int | None:
@@ -180,8 +181,8 @@ def plan(jobs: list[tuple[Path, list[str]]]) -> tuple[list[int], list[str]]:
     for index, (folder, overrides) in enumerate(jobs):
         record = read_job(folder)
         recorded = record.get("overrides") if record else None
-        if recorded is None and (folder / ".hydra" / "overrides.yaml").is_file():
-            recorded = [str(o) for o in OmegaConf.load(folder / ".hydra" / "overrides.yaml")]
+        if recorded is None and (folder / HYDRA_DIR / HYDRA_OVERRIDES_FILE).is_file():
+            recorded = [str(o) for o in OmegaConf.load(folder / HYDRA_DIR / HYDRA_OVERRIDES_FILE)]
         if recorded is not None and list(recorded) != list(overrides):
             problems.append(f"{folder} holds a job with overrides {list(recorded)}, not {list(overrides)}")
         elif not (record and record.get("status") == FINISHED):

@@ -13,12 +13,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import preemption
 from runner.config import recipe_module
+from runner.layout import CONFIG_FILE, LOG_FILE, LOGS_DIR, OVERRIDES_FILE
 from runner.startup import stamp
 
 logger = logging.getLogger("runner")
-
-CONFIG_FILE = "config.yaml"
-OVERRIDES_FILE = "overrides.yaml"
 
 
 def configure_logging(*, rank: int, log_file: Path | None) -> None:
@@ -68,7 +66,7 @@ def build_accelerator(cfg: DictConfig):
         log_with=None if cfg.tracker.name == "none" else cfg.tracker.name,
         project_config=ProjectConfiguration(
             str(project_dir),
-            logging_dir=str(project_dir / "logs"),
+            logging_dir=str(project_dir / LOGS_DIR),
             automatic_checkpoint_naming=cfg.project.automatic_checkpoint_naming,
             total_limit=cfg.project.total_limit,
             iteration=cfg.project.iteration,
@@ -100,7 +98,7 @@ def run_worker(config: dict[str, Any], overrides: list[str]) -> float | None:
     preemption.watch()
     cfg = OmegaConf.create(config)
     rank = int(os.environ.get("RANK", "0"))
-    configure_logging(rank=rank, log_file=Path(cfg.project.project_dir) / "run.log")
+    configure_logging(rank=rank, log_file=Path(cfg.project.project_dir) / LOG_FILE)
     if "OMP_NUM_THREADS" in os.environ:
         import torch
 
