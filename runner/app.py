@@ -12,7 +12,6 @@ import contextlib
 import difflib
 import logging
 import os
-import re
 import sys
 import time
 import warnings
@@ -25,6 +24,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from runner import preemption, slurm
 from runner.config import (
+    CONF_DIR,
+    CONFIG_NAME,
     ConfigError,
     RunnerConfig,
     check_devices,
@@ -33,6 +34,7 @@ from runner.config import (
     validate,
 )
 from runner.preflight import check_rendezvous_port, check_writable, wait_for_rendezvous
+from runner.search_path import hydra_value, is_search_path, search_path_entries, search_path_overrides
 from runner.startup import restart, stamp, stamps
 
 logger = logging.getLogger("runner")
@@ -40,8 +42,6 @@ logger = logging.getLogger("runner")
 # own configs of those names on purpose, and are checked against their schemas: no warning for that.
 warnings.filterwarnings("ignore", message=r"\s*'hydra/(launcher/joblib|sweeper/basic)' is validated against")
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-CONFIG_NAME = "config"
 USAGE_ERROR = 2
 RUNTIME_ERROR = 1
 _GROUPS = ("trainer", "model", "data", "optimizer", "scheduler", "parallel", "project", "tracker", "experiment")
@@ -70,7 +70,7 @@ def cli() -> None:
         lock = RunLock(named[0]).acquire() if named is not None else None
         claimed = claim_default_run_folder(sys.argv[1:])  # Hydra's default folder, made this run's own
         if claimed is not None:
-            sys.argv.append(f"hydra.run.dir={_hydra_value(str(claimed))}")
+            sys.argv.append(f"hydra.run.dir={hydra_value(str(claimed))}")
             lock = lock or RunLock(claimed).acquire()
     except ConfigError as error:
         print(f"runner: error: {error}", file=sys.stderr)
@@ -294,7 +294,7 @@ def print_help(argv: list[str]) -> bool:
     config_name = args.config_name or CONFIG_NAME
     overrides = list(args.overrides or [])
     search = search_path_overrides(overrides, config_dir=args.config_dir)
-    overrides = [o for o in overrides if not _is_search_path(o)] + search
+    overrides = [o for o in overrides if not is_search_path(o)] + search
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         try:
             cfg = compose(config_name, overrides=overrides, return_hydra_config=True)
@@ -328,48 +328,6 @@ def _group_options(search: list[str], config_name: str = CONFIG_NAME) -> str:
     return "\n".join(lines)
 
 
-def _is_search_path(override: str) -> bool:
-    return override.split("=", 1)[0].lstrip("+") == "hydra.searchpath"
-
-
-def search_path_overrides(overrides: list[str], *, config_dir: str | None) -> list[str]:
-    """One ``hydra.searchpath=[...]`` override holding ``--config-dir`` and the command line's search path.
-
-    Hydra adds ``--config-dir`` to its search path by itself; composing here (to check the command
-    line, or for ``--help``) needs it spelled out. The user's folders come after ``conf/``: they add
-    groups, options and experiments to the built-in ones.
-
-    Raises:
-        ConfigError: ``--config-dir`` is not a folder, or ``hydra.searchpath`` is not a list.
-    """
-    entries = search_path_entries(overrides, config_dir=config_dir)
-    if not entries:
-        return []
-    return ["hydra.searchpath=[" + ",".join(_hydra_value(entry) for entry in entries) + "]"]
-
-
-def search_path_entries(overrides: list[str], *, config_dir: str | None) -> list[str]:
-    """``--config-dir`` (as ``file://<folder>``) and the entries of the command line's ``hydra.searchpath``.
-
-    Raises:
-        ConfigError: ``--config-dir`` is not a folder, or ``hydra.searchpath`` is not a list.
-    """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    entries = []
-    if config_dir is not None:
-        folder = Path(config_dir).expanduser().resolve()
-        if not folder.is_dir():
-            raise ConfigError(f"--config-dir {config_dir} is not a folder; pass the folder that holds your groups.")
-        entries.append(f"file://{folder}")
-    for line in filter(_is_search_path, overrides):
-        value = OverridesParser.create().parse_override(line).value()
-        if not isinstance(value, list):
-            raise ConfigError(f"{line} must be a list, e.g. hydra.searchpath=[file://./conf] or [pkg://mylab.conf].")
-        entries += [str(entry) for entry in value]
-    return entries
-
-
 def prepare_command_line(argv: list[str]) -> list[str]:
     """Check ``argv``'s overrides and add what resume and torchrun need; returns the argv for Hydra.
 
@@ -389,7 +347,7 @@ def prepare_command_line(argv: list[str]) -> list[str]:
         if args.multirun:
             raise ConfigError("resume= continues one run; drop -m/--multirun.")
         checkpoint, saved, extra = _resume_command_line(resume, overrides, config_dir=args.config_dir)
-        overrides = saved + [f"resume={_hydra_value(str(checkpoint))}" if _is_resume(o) else o for o in overrides]
+        overrides = saved + [f"resume={hydra_value(str(checkpoint))}" if _is_resume(o) else o for o in overrides]
     if slurm.under_srun() and not args.multirun:
         given = dict(o.lstrip("+").split("=", 1) for o in overrides + extra if "=" in o)
         overrides += slurm.command_line(given)  # checked with the rest: they must make a valid config too
@@ -454,16 +412,9 @@ def _resume_command_line(
             "(e.g. trainer.max_steps=2000) or start a new run."
         )
     saved = replayed_overrides(checkpoint)
-    extra = [] if _sets(overrides, "hydra.run.dir") else [f"hydra.run.dir={_hydra_value(str(run_dir))}"]
+    extra = [] if _sets(overrides, "hydra.run.dir") else [f"hydra.run.dir={hydra_value(str(run_dir))}"]
     # The resumed folder keeps its original .hydra/ record; this command's record goes to run.log.
     return checkpoint, saved, [*extra, "hydra.output_subdir=null"]
-
-
-def _hydra_value(text: str) -> str:
-    """``text`` as a value in Hydra's override grammar: bare when plain, else double-quoted."""
-    if re.fullmatch(r"[\w./:-]+", text):
-        return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _sets(overrides: list[str], key: str) -> bool:
@@ -515,8 +466,8 @@ def check_overrides(
         raise ConfigError(f"{unknown[0]} is not a config key; remove it (valid top-level keys: {', '.join(valid)}).")
     validate(cfg)
     if targets:
-        from runner.components import check_construction
         from runner.data import prepare_datasets
+        from runner.preflight import check_construction
         from runner.targets import check_targets
 
         check_targets(cfg)

@@ -125,62 +125,6 @@ def _short(value: Any) -> str:
     return f"<{type(value).__name__}>"
 
 
-def check_construction(cfg) -> None:
-    """Build the run's model, optimizer, scheduler, loss and metrics once, in the launching process, so a
-    constructor that rejects a value (``model.channels=0``, ``optimizer.betas=[1.5,0.9]``) stops the run in
-    one sentence before any process starts or anything is written.
-
-    The model is built on the meta device (no memory, no initialisation): checking a large model costs
-    nothing. Recipes other than the supervised one build their model with arguments of their own (the
-    language model's vocabulary size comes from its data), so only their optimizer and scheduler are
-    checked here, on a stand-in parameter; so are they for a model loaded from files or the Hub
-    (``from_pretrained``), which is not loaded twice. What only the real build can tell (a constructor
-    that reads files, or that the meta device cannot run) is left to the workers, which report it the
-    same way.
-
-    Raises:
-        ConfigError: One sentence naming the node, its values and the constructor's message.
-    """
-    import torch
-
-    from runner.config import RECIPES
-    from runner.metrics import build_metrics
-    from runner.training import build_optimizer, build_scheduler
-
-    try:
-        with torch.device("meta"):
-            parameters = [torch.nn.Parameter(torch.empty(1))]
-            if RECIPES.get(cfg.recipe) == RECIPES["supervised"] and not _reads_weights(cfg.model):
-                parameters = list(build(cfg.model, key="model").parameters()) or parameters
-            optimizer = build_optimizer(cfg.optimizer, parameters)
-            build_scheduler(cfg.scheduler, optimizer, cfg.trainer.max_steps or 1)
-            build_loss(cfg.loss)
-        build_metrics(cfg.metrics, device="cpu")
-    except ConfigError as error:
-        if _META.search(str(_original(error))):  # the meta device, not the value, failed: the workers will tell
-            return
-        raise
-    except Exception:  # anything else shows in the real build, with its traceback if it is a bug
-        return
-
-
-def _reads_weights(node) -> bool:
-    """Whether ``node`` loads a model from files or the Hub (``AutoModelForCausalLM.from_pretrained``,
-    ``torch.hub.load``): checking it would download and read the weights once more before the workers do."""
-    name = str(OmegaConf.select(node, "_target_", default="")).rsplit(".", 1)[-1]
-    return name.startswith("from_") or name == "load"
-
-
-_META = re.compile(r"\bmeta\b", re.IGNORECASE)  # in torch's messages about meta tensors and the Meta backend
-
-
-def _original(error: BaseException) -> BaseException:
-    """The exception a ConfigError reports: the deepest cause or context under it."""
-    while (inner := error.__cause__ or error.__context__) is not None:
-        error = inner
-    return error
-
-
 # ------------------------------------------------------------------------------------------------ data
 def build_loaders(data, *, seed: int, datasets: tuple[Any, Any]):
     """The train loader (shuffled from ``seed`` when ``data.shuffle``) and the eval loader (None without one)."""

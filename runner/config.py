@@ -17,11 +17,15 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the built-in config groups
+CONFIG_NAME = "config"  # conf/config.yaml, the root config
+TRUST_KEY = "trust_resume"  # the override that accepts the code of a run folder you did not write
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 STRATEGIES = ("none", "ddp", "fsdp")
 TRACKERS = ("tensorboard", "none")

@@ -36,14 +36,13 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from runner.config import RECIPES, ConfigError
+from runner.config import CONF_DIR, RECIPES, TRUST_KEY, ConfigError
 from runner.layout import CONFIG_FILE, OVERRIDES_FILE
 
 logger = logging.getLogger("runner")
 
 SIGNATURE_FILE = "signature.json"
 KEY_FILE = "signing.key"
-TRUST_KEY = "trust_resume"  # the override that accepts a folder's code deliberately
 SIGNED_FILES = (CONFIG_FILE, OVERRIDES_FILE)
 
 
@@ -306,8 +305,6 @@ def check_resumable(checkpoint: Path, *, path: str, overrides: list[str], search
     """
     if _trusted(overrides) or signed_by_you(checkpoint):
         return
-    from runner.app import CONF_DIR
-
     run_dir = checkpoint.resolve().parent.parent
     if Path.cwd().resolve().is_relative_to(run_dir):
         raise ConfigError(

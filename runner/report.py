@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from runner.files import write_atomically, write_text_atomically
+from runner.jobs import JOB_FILE, read_job, swept_keys
 from runner.layout import HYDRA_DIR, HYDRA_OVERRIDES_FILE, LOGS_DIR, METRICS_FILE
-from runner.sweeps import JOB_FILE, read_job, swept_keys
 
 SUMMARY_FILES = ("summary.csv", "summary.md", "summary.png")
 LOSS = "train/loss"
@@ -92,7 +92,7 @@ def collect(sweep_dir: Path) -> list[Job]:
 
 def _job_folders(sweep_dir: Path) -> list[Path]:
     found = set()
-    for marker in (JOB_FILE, ".hydra/overrides.yaml"):
+    for marker in (JOB_FILE, f"{HYDRA_DIR}/{HYDRA_OVERRIDES_FILE}"):
         for path in sweep_dir.glob(f"*/{marker}"):
             found.add(path.parent if marker == JOB_FILE else path.parent.parent)
     return sorted(found)

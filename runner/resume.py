@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner.config import ConfigError
+from runner.config import TRUST_KEY, ConfigError
 from runner.engine.constants import CHECKPOINTS_DIR
 from runner.layout import CONFIG_FILE, OVERRIDES_FILE
 
@@ -88,7 +88,6 @@ def saved_overrides(checkpoint: Path) -> list[str]:
 def replayed_overrides(checkpoint: Path) -> list[str]:
     """The saved overrides a resume replays: all but ``resume=``, ``trust_resume=`` and Hydra's own (``hydra.*``,
     ``hydra/...``), which belong to the command that typed them."""
-    from runner.provenance import TRUST_KEY
 
     def key(override: str) -> str:
         return override.split("=", 1)[0].lstrip("+~")

@@ -26,7 +26,7 @@ from datetime import datetime
 from itertools import count
 from pathlib import Path
 
-from runner.config import ConfigError
+from runner.config import CONF_DIR, CONFIG_NAME, ConfigError
 
 # Keys that name a folder a run (or each job of a sweep) writes into.
 FOLDER_KEYS = ("hydra.run.dir", "project.project_dir", "hydra.sweep.dir")
@@ -105,8 +105,6 @@ def claim_default_run_folder(argv: list[str]) -> Path | None:
     """
     from hydra._internal.utils import get_args_parser
 
-    from runner.app import CONF_DIR
-
     args = get_args_parser().parse_args(argv)
     asked_for_no_run = args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
     if asked_for_no_run or args.multirun or args.config_path:
@@ -132,7 +130,7 @@ def _composed_pattern(args) -> str | None:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from runner.app import CONF_DIR, CONFIG_NAME, search_path_overrides
+    from runner.search_path import search_path_overrides
 
     overrides = list(args.overrides or [])
     search = search_path_overrides(overrides, config_dir=args.config_dir)

@@ -28,39 +28,16 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from runner.files import write_text_atomically
-from runner.layout import HYDRA_DIR, HYDRA_OVERRIDES_FILE
+from runner.jobs import JOB_FILE, read_job
+from runner.layout import HYDRA_DIR, HYDRA_OVERRIDES_FILE, LOG_FILE
 
 logger = logging.getLogger("runner")
 
-JOB_FILE = "job.json"
 FINISHED, FAILED, RUNNING, STOPPED = "finished", "failed", "running", "stopped"
 
 
 class JobFailed(RuntimeError):
     """A sweep job failed; its error is in its job.json. Hydra records the job as failed and goes on."""
-
-
-def read_job(folder: str | os.PathLike) -> dict[str, Any] | None:
-    """The job record in ``folder``, or None if it has none (or an unreadable one)."""
-    try:
-        return json.loads((Path(folder) / JOB_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def swept_keys(overrides: list[list[str]]) -> list[str]:
-    """The keys whose values differ between jobs, in first-seen order (all keys if there is one job)."""
-    values: dict[str, set[str]] = {}
-    for job in overrides:
-        for override in job:
-            if "=" in override:
-                key, value = override.lstrip("+").split("=", 1)
-                values.setdefault(key, set()).add(value)
-    keys = list(values)
-    if len(overrides) > 1:
-        present = [{o.lstrip("+").split("=", 1)[0] for o in job if "=" in o} for job in overrides]
-        keys = [k for k in keys if len(values[k]) > 1 or any(k not in job for job in present)]
-    return [k for k in keys if not k.startswith("hydra")]
 
 
 # ------------------------------------------------------------------------------------------- one job
@@ -230,7 +207,7 @@ def exit_with_failures(sweep_dir: Path, failures: list[tuple[Path, list[str]]]) 
     """After the whole sweep ran: one sentence naming the failed jobs, exit code 1."""
     _summarise(sweep_dir, plot=True)
     folder, overrides = failures[0]
-    error = (read_job(folder) or {}).get("error") or f"see {folder / 'run.log'}"
+    error = (read_job(folder) or {}).get("error") or f"see {folder / LOG_FILE}"
     print(
         f"runner: error: {len(failures)} sweep job(s) failed, first {folder} ({' '.join(overrides)}): {error} "
         f"(all errors in {sweep_dir / 'summary.md'}; re-run the same command to retry them).",

@@ -21,8 +21,9 @@ from runner.engine.checkpoint import (
     is_stateful,
 )
 from runner.engine.constants import MIXED_PRECISION_ENV
-from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader, prepare_data_loader
+from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader
 from runner.engine.distributed import DistributedType, init_process_group, read_environment
+from runner.engine.loaders import prepare_data_loader
 from runner.engine.memory import release_memory
 from runner.engine.optimizer import (
     AcceleratedOptimizer,

@@ -17,7 +17,6 @@ global batches, padding and positions.
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import itertools
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from runner.engine.ops import send_to_device
 
@@ -466,125 +465,3 @@ class PreparedDataLoader(DataLoader):
 
 
 _EXHAUSTED = object()
-
-
-_LOADER_OPTIONS = (
-    "num_workers",
-    "collate_fn",
-    "pin_memory",
-    "timeout",
-    "worker_init_fn",
-    "multiprocessing_context",
-    "prefetch_factor",
-    "persistent_workers",
-    "pin_memory_device",
-)
-
-
-def _shuffle_seed(dataloader: DataLoader, broadcast_seed) -> int:
-    """The seed shared by all ranks: the loader's generator's if it has one, else rank 0's torch seed."""
-    generator = getattr(dataloader.sampler, "generator", None) or dataloader.generator
-    seed = generator.initial_seed() if generator is not None else torch.initial_seed()
-    return broadcast_seed(seed)
-
-
-def prepare_data_loader(
-    dataloader: DataLoader,
-    *,
-    device: torch.device | None,
-    num_processes: int,
-    process_index: int,
-    gradient_state,
-    config: DataLoaderConfiguration,
-    broadcast_seed: Callable[[int], int] = lambda seed: seed,
-    on_epoch_start: Callable[[], None] | None = None,
-    comm_device: torch.device | None = None,
-) -> PreparedDataLoader:
-    """Rebuild ``dataloader`` over this rank's shard of every global batch.
-
-    Args:
-        dataloader: A DataLoader with automatic batching (``batch_size`` set, or a plain
-            ``BatchSampler``), over a map-style or an iterable dataset.
-        device: Where batches are moved, or None to leave them where the loader puts them.
-        broadcast_seed: Makes rank 0's shuffle seed everyone's (a collective when distributed).
-        on_epoch_start: Called when each pass begins (to synchronise RNG states, say).
-        comm_device: Where dispatched batches travel between processes (the GPU under NCCL).
-
-    Raises:
-        ValueError: For a loader without batching or with a custom batch sampler, which cannot be
-            sharded, and for settings that cannot shard exactly (see the messages).
-    """
-    from runner.engine import dispatch
-
-    if dataloader.batch_sampler is None:
-        raise ValueError("prepare() needs a batched DataLoader; set batch_size (not None) when building it.")
-    batch_sampler = dataloader.batch_sampler
-    if type(batch_sampler) is not BatchSampler:
-        raise ValueError(
-            f"prepare() cannot shard a custom batch_sampler ({type(batch_sampler).__name__}); pass a "
-            "sampler and batch_size to the DataLoader instead."
-        )
-    iterable = isinstance(dataloader.dataset, IterableDataset)
-    sharding = Sharding.create(
-        batch_sampler.batch_size,
-        num_processes=num_processes,
-        split_batches=config.split_batches,
-        process_index=process_index,
-        drop_last=batch_sampler.drop_last,
-        even_batches=config.even_batches,
-    )
-    seed = _shuffle_seed(dataloader, broadcast_seed)
-    options = {name: getattr(dataloader, name) for name in _LOADER_OPTIONS if hasattr(dataloader, name)}
-    if options.get("num_workers", 0) == 0:
-        options.pop("prefetch_factor", None)
-        options.pop("persistent_workers", None)
-    elif not iterable:  # workers load whole batches of indices: each one's random draws are seeded (SeededBatch)
-        options["worker_init_fn"] = seeded_worker_init_fn(options.get("worker_init_fn"))
-    common = {
-        "device": device,
-        "gradient_state": gradient_state,
-        "non_blocking": config.non_blocking,
-        "sharding": sharding,
-        "on_epoch_start": on_epoch_start,
-        "seed": seed,
-        **options,
-    }
-    dispatch_batches = iterable if config.dispatch_batches is None else config.dispatch_batches
-    if num_processes > 1 and dispatch_batches:
-        if iterable:
-            return dispatch.DispatchedDataLoader(
-                dataloader.dataset,
-                batch_size=sharding.global_batch_size,
-                drop_last=sharding.drop_last,
-                comm_device=comm_device,
-                **common,
-            )
-        sampled = _sharded_sampler(dataloader, sharding, seed)
-        return dispatch.DispatchedDataLoader(
-            dataloader.dataset, batch_sampler=dispatch.GlobalBatches(sampled), comm_device=comm_device, **common
-        )
-    if iterable:
-        if options.get("num_workers", 0) > 0 and num_processes > 1:
-            raise ValueError(
-                "An IterableDataset with num_workers > 0 cannot be sharded exactly on each process (torch "
-                "gives every worker its own copy of the stream); keep dispatch_batches on (the default for "
-                "iterable datasets) or set num_workers=0."
-            )
-        shard = dispatch.IterableDatasetShard(dataloader.dataset, sharding)
-        return dispatch.ShardedIterableLoader(shard, batch_size=sharding.per_process, **common)
-    return PreparedDataLoader(dataloader.dataset, batch_sampler=_sharded_sampler(dataloader, sharding, seed), **common)
-
-
-def _sharded_sampler(dataloader: DataLoader, sharding: Sharding, seed: int) -> ShardedBatchSampler:
-    """The loader's sampler, seeded alike on every rank, behind a :class:`ShardedBatchSampler`."""
-    sampler = dataloader.batch_sampler.sampler
-    if isinstance(sampler, RandomSampler):
-        sampler = SeedableRandomSampler(
-            sampler.data_source, seed=seed, replacement=sampler.replacement, num_samples=sampler._num_samples
-        )
-    elif hasattr(sampler, "generator") and not hasattr(sampler, "set_epoch"):
-        sampler = copy.copy(sampler)  # a random sampler of the user's: give it a generator every rank seeds alike
-        sampler.generator = torch.Generator()
-    sharded = ShardedBatchSampler(sampler, sharding=sharding)
-    sharded.seed = seed
-    return sharded

@@ -10,7 +10,6 @@ from runner.components import (
     batch_size,
     build,
     build_loaders,
-    check_construction,
     compute_loss,
     forward,
     labels,
@@ -138,55 +137,6 @@ def test_metrics_compare_with_the_targets_or_a_dict_batchs_labels():
         "The metrics compare outputs with targets, but the dict batch (keys features) has no 'labels' entry; add it "
         "in the dataset or collate_fn, or declare no metrics."
     )
-
-
-def _run_config(model, **changes):
-    config = {
-        "recipe": "supervised", "model": model, "trainer": {"max_steps": 10}, "scheduler": None, "loss": None,
-        "metrics": {}, "optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3},
-    }  # fmt: skip
-    return OmegaConf.create({**config, **changes})
-
-
-def test_constructors_are_checked_before_launch_on_the_meta_device():
-    conv = {"_target_": "torch.nn.Conv2d", "in_channels": 1, "out_channels": 2, "kernel_size": 3}
-    check_construction(_run_config(conv))
-    with pytest.raises(ConfigError) as error:  # a value that merely contains "meta" is still the user's mistake
-        check_construction(_run_config({**conv, "padding_mode": "metal"}))
-    assert str(error.value).startswith(
-        "model: Conv2d(in_channels=1, out_channels=2, kernel_size=3, padding_mode='metal') failed: padding_mode must "
-    )
-    with pytest.raises(ConfigError, match=r"^optimizer: AdamW\(lr=0.001, betas=\[1.5, 0.9\]\) failed: Invalid beta"):
-        check_construction(_run_config(conv, optimizer={"_target_": "torch.optim.AdamW", "_partial_": True,
-                                                        "lr": 1e-3, "betas": [1.5, 0.9]}))  # fmt: skip
-    # What only the meta device cannot do is left to the real build in the workers.
-    check_construction(_run_config({"_target_": f"{__name__}.ReadsItsWeights"}))
-
-
-class Pretrained(nn.Linear):
-    loads: list[str] = []
-
-    @classmethod
-    def from_pretrained(cls, name):
-        cls.loads.append(name)
-        return cls(2, 2)
-
-
-def test_a_model_loaded_from_files_or_the_hub_is_not_loaded_before_launch():
-    loader = {"_target_": f"{__name__}.Pretrained.from_pretrained", "name": "gpt2"}
-    check_construction(_run_config(loader))
-    assert Pretrained.loads == []  # the workers load it, once each
-    bad_lr = {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": -1.0}
-    with pytest.raises(ConfigError, match=r"^optimizer: AdamW\(lr=-1.0\) failed"):  # the rest is still checked
-        check_construction(_run_config(loader, optimizer=bad_lr))
-
-
-class ReadsItsWeights(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(1))
-        if self.scale.item() != 1.0:  # Tensor.item() cannot be called on meta tensors
-            raise ValueError("unreachable")
 
 
 def test_a_nested_node_that_fails_is_named_itself():

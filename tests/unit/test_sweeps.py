@@ -10,8 +10,9 @@ from omegaconf import OmegaConf
 from runner import report
 from runner.app import check_plugins
 from runner.config import ConfigError
+from runner.jobs import swept_keys
 from runner.lock import RunLock, is_locked
-from runner.sweeps import contiguous, plan, swept_keys
+from runner.sweeps import contiguous, plan
 
 
 def _job(folder: Path, overrides: list[str], status: str, **extra) -> Path:

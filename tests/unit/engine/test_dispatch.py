@@ -5,7 +5,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from runner.engine import Accelerator
-from runner.engine.data import DataLoaderConfiguration, Sharding, prepare_data_loader
+from runner.engine.data import DataLoaderConfiguration, Sharding
 from runner.engine.dispatch import (
     IterableDatasetShard,
     _concat_rows,
@@ -14,6 +14,7 @@ from runner.engine.dispatch import (
     _slice_rows,
     _take_rows,
 )
+from runner.engine.loaders import prepare_data_loader
 from runner.engine.optimizer import GradientAccumulationPlugin, GradientState
 
 
