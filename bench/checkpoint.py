@@ -7,7 +7,8 @@ Each round runs the three contenders back to back in the same process (A B C A B
 machine noise hits all of them alike; the report gives medians and ratios to safetensors.
 - save_state/load_state: the engine, as a training script calls it (model only, so that the same
   tensors are written), including the manifest with every file's sha256 and its verification on load.
-- safetensors: save_file(model.state_dict()) / load_file() + load_state_dict(), the same tensors.
+- safetensors: save_file(model.state_dict()) / load_file() + load_state_dict(), the same tensors;
+  save_file_fsync: the same file made durable as save_state makes its files (fsync, rename, fsync the folder).
 - memory copy: cloning the tensors in memory, the floor no file format can beat.
 - sha256: reading the weights file back and hashing it as the manifest does (32 MiB slices in
   parallel threads), the price of the manifest's checksums.
@@ -31,6 +32,7 @@ from torch import nn
 
 from runner.engine import Accelerator
 from runner.engine.manifest import chunk_digests
+from runner.files import write_atomically
 
 
 def build_model(width: int, depth: int) -> nn.Module:
@@ -53,6 +55,8 @@ def contenders(accelerator, model, state_dir: Path, file: Path, copies: dict) ->
             state_dir.with_name(state_dir.name + "_async"), async_commit=True
         ),
         "save_file": lambda: save_file(model.state_dict(), str(file)),
+        # What surviving a power loss takes (save_state does it): the same file fsynced, renamed, its folder fsynced.
+        "save_file_fsync": lambda: write_atomically(file, lambda partial: save_file(model.state_dict(), str(partial))),
         "copy_save": lambda: copies.update({k: v.clone() for k, v in model.state_dict().items()}),
         "sha256": lambda: chunk_digests([state_dir / "model.safetensors"]),
         "load_state": lambda: accelerator.load_state(state_dir),
@@ -88,6 +92,7 @@ def run(width: int, depth: int, rounds: int) -> dict:
         "median_seconds": medians,
         "MB_per_s": {k: nbytes / 1e6 / v for k, v in medians.items()},
         "save_ratio_vs_safetensors": medians["save_state"] / medians["save_file"],
+        "save_ratio_vs_durable_safetensors": medians["save_state"] / medians["save_file_fsync"],
         "async_save_ratio_vs_safetensors": medians["save_state_async"] / medians["save_file"],
         "load_ratio_vs_safetensors": medians["load_state"] / medians["load_file"],
         "load_unverified_ratio_vs_safetensors": medians["load_unverified"] / medians["load_file"],
@@ -106,6 +111,7 @@ def main() -> None:
     for key, seconds in result["median_seconds"].items():
         report.value(f"{key} (ms)", seconds, f"ms  {result['MB_per_s'][key]:9.0f} MB/s", scale=1e3)
     report.ratio("save_state / save_file", result["save_ratio_vs_safetensors"], "<= 1.15x")
+    report.ratio("save_state / (save_file + fsync)", result["save_ratio_vs_durable_safetensors"])
     report.ratio("save_state(async_commit=True) / save_file", result["async_save_ratio_vs_safetensors"])
     report.ratio("load_state / load_file", result["load_ratio_vs_safetensors"], "<= 1.15x")
     report.ratio(
