@@ -17,11 +17,8 @@ def _run(project_dir, options):
     return result
 
 
-def test_two_processes_interrupted_and_resumed_equal_uninterrupted(launch, tmp_path):
-    options = {"accumulation": 2, "precision": "fp16", "batch_size": 2}  # 15 micro-steps an epoch per rank
-    full = launch(_run, str(tmp_path / "full"), options)
-    first = launch(_run, str(tmp_path / "cut"), {**options, "stop_after": 20})  # epoch 1, mid-cycle
-    rest = launch(_run, str(tmp_path / "cut"), {**options, "resume": True})
+def assert_continues_exactly(full, first, rest):
+    """On every rank the cut run and its resumption saw, computed and ended with what the uninterrupted run did."""
     for rank in (0, 1):
         assert first[rank]["seen"] + rest[rank]["seen"] == full[rank]["seen"]
         assert first[rank]["losses"] + rest[rank]["losses"] == full[rank]["losses"]
@@ -29,6 +26,14 @@ def test_two_processes_interrupted_and_resumed_equal_uninterrupted(launch, tmp_p
             assert torch.equal(value, rest[rank]["weights"][key]), key
         assert_same_optimizer_state(full[rank]["optimizer"], rest[rank]["optimizer"])
         assert rest[rank]["warnings"] == []
+
+
+def test_two_processes_interrupted_and_resumed_equal_uninterrupted(launch, tmp_path):
+    options = {"accumulation": 2, "precision": "fp16", "batch_size": 2}  # 15 micro-steps an epoch per rank
+    full = launch(_run, str(tmp_path / "full"), options)
+    first = launch(_run, str(tmp_path / "cut"), {**options, "stop_after": 20})  # epoch 1, mid-cycle
+    rest = launch(_run, str(tmp_path / "cut"), {**options, "resume": True})
+    assert_continues_exactly(full, first, rest)
     manifest = json.loads((tmp_path / "cut" / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())
     assert {"gradients_0.safetensors", "gradients_1.safetensors"} <= set(manifest["files"])
 
@@ -40,11 +45,7 @@ def test_random_augmentation_resumes_exactly_on_two_processes(launch, tmp_path, 
     full = launch(_run, str(tmp_path / "full"), options)
     first = launch(_run, str(tmp_path / "cut"), {**options, "stop_after": 11})  # 3 steps into epoch 1
     rest = launch(_run, str(tmp_path / "cut"), {**options, "resume": True})
-    for rank in (0, 1):
-        assert first[rank]["seen"] + rest[rank]["seen"] == full[rank]["seen"]
-        assert first[rank]["losses"] + rest[rank]["losses"] == full[rank]["losses"]
-        for key, value in full[rank]["weights"].items():
-            assert torch.equal(value, rest[rank]["weights"][key]), key
+    assert_continues_exactly(full, first, rest)
     assert full[0]["losses"] != full[1]["losses"]  # the ranks' augmentations differ
 
 
