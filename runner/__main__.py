@@ -1,10 +1,10 @@
-"""``python -m runner``: see runner.app."""
+"""``python -m runner``: see runner.cli."""
 
 from runner.startup import stamp
 
 stamp("python start and imports")
 
-from runner.app import cli  # noqa: E402
+from runner.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    cli()
+    main()

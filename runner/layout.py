@@ -8,6 +8,11 @@
 <run>/checkpoints/checkpoint_N/config.yaml, overrides.yaml   the run's config and overrides, in every checkpoint
 """
 
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
 LOG_FILE = "run.log"
 LOGS_DIR = "logs"
 METRICS_FILE = "metrics.json"
@@ -16,3 +21,58 @@ HYDRA_DIR = ".hydra"
 HYDRA_OVERRIDES_FILE = "overrides.yaml"  # in HYDRA_DIR: the overrides as typed
 CONFIG_FILE = "config.yaml"  # in each checkpoint: the resolved config a resume starts from
 OVERRIDES_FILE = "overrides.yaml"  # in each checkpoint: the overrides a resume replays
+
+
+def saved_overrides(checkpoint: Path) -> list[str]:
+    """The command-line overrides the checkpointed run was composed with, as written (nothing resolved).
+
+    Raises:
+        ConfigError: The file is not a YAML list of strings.
+    """
+    from omegaconf import OmegaConf
+
+    from runner.config import ConfigError
+
+    path = checkpoint / OVERRIDES_FILE
+    if not path.is_file():
+        return []
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except Exception:  # not YAML (OmegaConf and yaml raise several types)
+        saved = None
+    if not isinstance(saved, list) or not all(isinstance(override, str) for override in saved):
+        raise ConfigError(f"{path} is not a list of overrides; the checkpoint is damaged, so resume another one.")
+    return saved
+
+
+def link_error(path: Path):
+    """The one sentence (a ConfigError) for a symbolic link found at ``path`` inside a run folder."""
+    from runner.config import ConfigError
+
+    target = os.readlink(path)
+    shown = target if os.path.isabs(target) else os.path.normpath(os.path.join(os.path.dirname(path), target))
+    return ConfigError(
+        f"{path} is a symbolic link (to {shown}); a run folder holds no links, so remove it or copy the run with "
+        "links resolved (cp -rL)."
+    )
+
+
+def check_no_links(folder: Path) -> None:
+    """Raise :class:`ConfigError` naming a symbolic link anywhere inside ``folder`` (none if it does not exist).
+
+    Raises:
+        ConfigError: One sentence naming the link, where it points, and the fix.
+    """
+    pending = [Path(folder)]
+    while pending:
+        current = pending.pop()
+        try:
+            entries = os.scandir(current)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # not there yet, or a file: check_writable and Hydra report those
+        with entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    raise link_error(Path(entry.path))
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))

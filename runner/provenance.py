@@ -203,16 +203,15 @@ def override_names(lines: Iterable[str]) -> Iterator[tuple[str, str, str]]:
     """``(kind, name, shown)`` for each ``_target_`` (kind ``target``), recipe (``recipe``) and resolver other than
     :data:`PLAIN_RESOLVERS` (``resolver``) that the override lines name, values included
     (``+metrics.m={_target_: ...}``); a line Hydra cannot parse is ``unparsed``, shown as it is."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from runner import overrides as parsed
 
-    parser = OverridesParser.create()
     for line in lines:
         yield from _resolvers_in(line, line)
         try:
-            (override,) = parser.parse_overrides([line])
-            key = override.key_or_group.lstrip("+~")
+            (override,) = parsed.parse([line])
+            key = override.key_or_group
             values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
-        except Exception:  # Hydra's OverrideParseException, or a value it cannot build
+        except Exception:  # a line Hydra cannot parse (ConfigError), or a value it cannot build
             yield "unparsed", line, line
             continue
         for value in values:
@@ -239,7 +238,7 @@ def saved_names(checkpoint: Path) -> list[tuple[str, str, str]]:
     Raises:
         ConfigError: ``config.yaml`` is not a mapping, or ``overrides.yaml`` not a list of strings.
     """
-    from runner.resume import saved_overrides
+    from runner.layout import saved_overrides
 
     path = checkpoint / SIGNED_FILES[0]
     config = _plain(path)
@@ -330,5 +329,7 @@ def check_resumable(checkpoint: Path, *, path: str, overrides: list[str], search
 
 def _trusted(overrides: Iterable[str]) -> bool:
     """Whether this command line's last ``trust_resume=`` says true."""
-    values = [line.partition("=")[2] for line in overrides if line.partition("=")[0].lstrip("+") == TRUST_KEY]
-    return bool(values) and values[-1].strip("'\"").lower() in ("true", "yes", "1", "on")
+    from runner import overrides as parsed
+
+    value = parsed.value(overrides, TRUST_KEY)
+    return value is not None and value.lower() in ("true", "yes", "1", "on")

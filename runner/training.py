@@ -112,6 +112,7 @@ class TrainingLoop:
             accelerator, total=total_steps, initial=progress.step, enabled=trainer.progress_bar
         )
         self.throughput = Throughput()
+        self.stepped = False  # no optimizer step taken yet in this process
         self.running_loss, self.micro_batches = progress.running_loss(accelerator), progress.micro_batches
         self.last_eval, self.last_checkpoint = -1, progress.step if cfg.resume else -1
 
@@ -121,6 +122,7 @@ class TrainingLoop:
 
     def batches(self, loader: Iterable) -> Iterator[Any]:
         """The loader's batches, epoch after epoch, until ``total_steps`` optimizer steps are taken."""
+        stamp("build and prepare")  # the recipe built and prepared everything before its loop
         while self.step < self.total_steps:
             for batch in loader:
                 yield batch
@@ -149,6 +151,9 @@ class TrainingLoop:
         Raises:
             preemption.Preempted: A stop signal reached some rank; every rank saved this step first.
         """
+        if not self.stepped and self.accelerator.is_main_process:
+            log_first_step()  # where the start-up time went
+        self.stepped = True
         self.progress.step += 1
         self.reporter.advance()
         if every(self.log_every, self.step):
@@ -259,18 +264,13 @@ class ProgressReporter:
         self.total = total
         self.is_main = accelerator.is_main_process
         self.bar = None
-        self.started = False
-        stamp("build and prepare")
         if self.is_main and enabled and sys.stderr.isatty():
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
     def advance(self) -> None:
-        """Count an optimizer step (the first one also logs where the start-up time went)."""
-        if not self.started and self.is_main:
-            log_first_step()
-        self.started = True
+        """Count an optimizer step."""
         if self.bar is not None:
             self.bar.update(1)
 

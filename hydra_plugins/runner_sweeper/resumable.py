@@ -20,13 +20,13 @@ class ResumableSweeper(BasicSweeper):
 
     Re-run on the same ``hydra.sweep.dir``, finished jobs are skipped (their folders are not
     touched), and the others are launched again under their own numbers: each resumes from its
-    newest checkpoint (runner.app). A failed job is recorded and the sweep goes on; the command
+    newest checkpoint (runner.cli.app). A failed job is recorded and the sweep goes on; the command
     exits 1 at the end, naming it.
     """
 
     def sweep(self, arguments: list[str]) -> Any:
-        from runner.lock import FolderLocked, RunLock
-        from runner.sweeps import contiguous, exit_with_failures, plan
+        from runner.launch.lock import FolderLocked, RunLock
+        from runner.sweeps.plan import contiguous, exit_with_failures, plan
 
         params = [f"{key}={value}" for key, value in self.params.items()] + list(arguments)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)

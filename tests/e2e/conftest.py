@@ -26,13 +26,13 @@ def run_cli(
 
 _CLI_DRIVER = """
 import contextlib, io, json, sys, traceback
-import runner.app
+import runner.cli
 results = []
 for argv in json.loads(sys.argv[1]):
     sys.argv, stderr, code = ["runner", *argv], io.StringIO(), 0
     with contextlib.redirect_stderr(stderr):
         try:
-            runner.app.cli()
+            runner.cli.main()
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else 1
         except BaseException:

@@ -6,7 +6,7 @@ import os
 import shutil
 import socket
 
-from runner.lock import RunLock
+from runner.launch.lock import RunLock
 from tests.e2e.conftest import MNIST, mnist_args, run_cli, run_cli_refusals
 from tests.unit.engine.checkpoint_edits import rewrite_manifest
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from runner.checkpoints import describe
+from runner.cli.checkpoints import describe
 from tests.e2e.conftest import metrics, mnist_args, run_cli
 
 

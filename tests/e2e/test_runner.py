@@ -254,7 +254,7 @@ def test_damaged_checkpoints_and_other_models_get_one_sentence(tmp_path):
 
 
 def test_a_run_folder_takes_one_run_at_a_time_and_a_dead_runs_lock_is_taken_over(tmp_path):
-    from runner.lock import LOCK_NAME, RunLock
+    from runner.launch.lock import LOCK_NAME, RunLock
 
     run = tmp_path / "run"
     holder = RunLock(run).acquire()  # a live run (this test process) writes the folder

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from runner.report import read_scalars
+from runner.sweeps.report import read_scalars
 from tests.e2e.conftest import metrics, mnist_args, run_cli
 
 SMALL = ["model.channels=8", "model.hidden=32"]  # steps cost little; the sweep machinery is what is tested

@@ -4,8 +4,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from runner.app import CONF_DIR, check_overrides
-from runner.config import ConfigError, register_configs, validate
+from runner.cli.check import check_overrides
+from runner.config import CONF_DIR, ConfigError, register_configs
+from runner.validation import validate
 
 register_configs()
 GROUP_OPTIONS = sorted(
@@ -150,7 +151,7 @@ def test_hydra_settings_in_conf_compose(path):
 def test_more_processes_than_gpus_is_refused_before_anything_starts(monkeypatch):
     import torch
 
-    from runner.config import check_devices
+    from runner.validation import check_devices
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -75,3 +75,39 @@ def test_runner_has_no_import_cycles():
 
 def test_a_cycle_is_found():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# The lifetimes, from the top: the command line, a sweep, the processes of a run; below them the training
+# helpers, the config and the engine. A module imports from its own layer or those below it. The entry modules
+# (python -m runner, runner.report, runner.checkpoints) only point at their command.
+_LAYERS = ("runner.cli", "runner.sweeps", "runner.launch")
+_ENTRY_MODULES = {"runner.__main__", "runner.report", "runner.checkpoints"}
+
+
+def _layer(module: str) -> int:
+    """0 for runner.cli, 1 for runner.sweeps, 2 for runner.launch, 3 for everything below them."""
+    return next((i for i, top in enumerate(_LAYERS) if module == top or module.startswith(top + ".")), len(_LAYERS))
+
+
+def _upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted(
+        (module, target)
+        for module, targets in graph.items()
+        if module not in _ENTRY_MODULES
+        for target in targets
+        if _layer(target) < _layer(module)
+    )
+
+
+def test_no_module_imports_from_a_layer_above_it():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert "runner.launch.elastic" in graph["runner.cli.app"]  # the walk sees the layers' imports
+    assert _upward_imports(graph) == []
+    engine = {(m, t) for m, ts in graph.items() if m.startswith("runner.engine") for t in ts}
+    assert {t for _, t in engine if not t.startswith("runner.engine")} <= {"runner.files"}  # the engine stands alone
+
+
+def test_an_upward_import_is_found():
+    graph = {"runner.launch.worker": {"runner.cli.app", "runner.config"}, "runner.cli.app": {"runner.launch.worker"}}
+    assert _upward_imports(graph) == [("runner.launch.worker", "runner.cli.app")]

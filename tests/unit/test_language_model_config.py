@@ -3,8 +3,8 @@
 import pytest
 from hydra import compose, initialize_config_dir
 
-from runner.app import CONF_DIR, check_overrides
-from runner.config import ConfigError, register_configs
+from runner.cli.check import check_overrides
+from runner.config import CONF_DIR, ConfigError, register_configs
 
 register_configs()
 SHAKESPEARE = CONF_DIR.parents[1] / "shared" / "data" / "tinyshakespeare"

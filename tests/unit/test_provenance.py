@@ -4,8 +4,7 @@ import stat
 import pytest
 from omegaconf import OmegaConf
 
-from runner.app import CONF_DIR
-from runner.config import ConfigError
+from runner.config import CONF_DIR, ConfigError
 from runner.provenance import (
     check_resumable,
     command_line_names,

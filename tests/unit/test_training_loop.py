@@ -1,13 +1,14 @@
 """The step loop every recipe shares: step budget, cadences, the end-of-epoch rule, the running loss."""
 
 import json
+import logging
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from runner.engine import Accelerator, ProjectConfiguration
-from runner.training import TrainingLoop, TrainingProgress
+from runner.training import ProgressReporter, TrainingLoop, TrainingProgress
 
 
 def run_loop(tmp_path, *, batches: int, steps: int, accumulation: int = 1, **cadence):
@@ -64,3 +65,27 @@ def test_the_running_loss_is_the_mean_over_the_micro_batches_since_the_last_log(
     # Steps 0, 1, 2 each took two micro-batches of loss 0 + the step count before them.
     assert loop.metrics["train/loss"] == pytest.approx((0 + 0 + 1 + 1 + 2 + 2) / 6)
     assert loop.objective("eval/accuracy") is None
+
+
+class FakeAccelerator:
+    def __init__(self, main_process):
+        self.is_main_process = main_process
+
+
+def test_progress_is_a_bar_on_a_terminal_and_log_lines_elsewhere(monkeypatch, caplog, capsys):
+    with caplog.at_level(logging.INFO, logger="runner"):
+        plain = ProgressReporter(FakeAccelerator(True), total=10, initial=0)
+        assert plain.bar is None  # pytest's stderr is not a terminal
+        plain.report(5, {"train/loss": 0.25})
+        ProgressReporter(FakeAccelerator(False), total=10, initial=0).report(5, {"train/loss": 9.0})
+    assert [r.getMessage() for r in caplog.records] == ["step 5/10 | train/loss 0.25"]
+
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)
+    bar = ProgressReporter(FakeAccelerator(True), total=10, initial=3)
+    assert bar.bar is not None and bar.bar.n == 3
+    bar.advance()
+    bar.report(4, {"eval/accuracy": 0.5})
+    assert bar.bar.n == 4
+    bar.close()
+    assert ProgressReporter(FakeAccelerator(True), total=10, initial=0, enabled=False).bar is None
+    assert ProgressReporter(FakeAccelerator(False), total=10, initial=0).bar is None

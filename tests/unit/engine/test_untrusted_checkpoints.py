@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from runner.checkpoints import describe
+from runner.cli.checkpoints import describe
 from runner.engine import Accelerator, CheckpointError, FullyShardedDataParallelPlugin, ProjectConfiguration
 from runner.engine.checkpoint import newest_intact_checkpoint
 from runner.engine.manifest import read_manifest

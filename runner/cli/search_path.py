@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from runner import overrides as parsed
 from runner.config import ConfigError
+from runner.overrides import hydra_value
 
 
 def is_search_path(override: str) -> bool:
     """Whether ``override`` sets ``hydra.searchpath``."""
-    return override.split("=", 1)[0].lstrip("+") == "hydra.searchpath"
+    return parsed.key(override) == "hydra.searchpath"
 
 
 def search_path_overrides(overrides: list[str], *, config_dir: str | None) -> list[str]:
@@ -35,24 +36,17 @@ def search_path_entries(overrides: list[str], *, config_dir: str | None) -> list
     Raises:
         ConfigError: ``--config-dir`` is not a folder, or ``hydra.searchpath`` is not a list.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     entries = []
     if config_dir is not None:
         folder = Path(config_dir).expanduser().resolve()
         if not folder.is_dir():
             raise ConfigError(f"--config-dir {config_dir} is not a folder; pass the folder that holds your groups.")
         entries.append(f"file://{folder}")
-    for line in filter(is_search_path, overrides):
-        value = OverridesParser.create().parse_override(line).value()
+    for line, override in zip(overrides, parsed.parse(overrides), strict=True):
+        if override.key_or_group != "hydra.searchpath":
+            continue
+        value = override.value()
         if not isinstance(value, list):
             raise ConfigError(f"{line} must be a list, e.g. hydra.searchpath=[file://./conf] or [pkg://mylab.conf].")
         entries += [str(entry) for entry in value]
     return entries
-
-
-def hydra_value(text: str) -> str:
-    """``text`` as a value in Hydra's override grammar: bare when plain, else double-quoted."""
-    if re.fullmatch(r"[\w./:-]+", text):
-        return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -5,15 +5,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from runner.app import CONF_DIR
-from runner.config import ConfigError, register_configs
-from runner.run_folder import (
-    check_no_links,
-    check_run_folders,
-    claim_default_run_folder,
-    claim_run_folder,
-    default_run_dir_pattern,
-)
+from runner.cli.command_line import parse_arguments
+from runner.cli.run_folder import check_run_folders, claim_default_run_folder, claim_run_folder, default_run_dir_pattern
+from runner.config import CONF_DIR, ConfigError, register_configs
+from runner.layout import check_no_links
 
 PATTERN = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"
 TEN = datetime(2026, 11, 29, 10, 0, 0)
@@ -86,14 +81,14 @@ def test_the_default_pattern_is_conf_config_yaml_s_and_no_other_built_in_config_
 )
 def test_only_a_single_run_in_the_default_folder_gets_one_claimed(tmp_path, monkeypatch, argv):
     monkeypatch.chdir(tmp_path)
-    assert claim_default_run_folder(argv) is None
+    assert claim_default_run_folder(parse_arguments(argv)) is None
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_run_in_the_default_folder_gets_a_new_one_named_as_conf_config_yaml_says(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     before = datetime.now().replace(microsecond=0)
-    claimed = claim_default_run_folder(["trainer.max_steps=2", "project.project_dir=elsewhere"])
+    claimed = claim_default_run_folder(parse_arguments(["trainer.max_steps=2", "project.project_dir=elsewhere"]))
     assert claimed.is_dir() and claimed.parent.parent == Path("outputs")
     assert before <= datetime.strptime(f"{claimed.parent.name}/{claimed.name}", "%Y-%m-%d/%H-%M-%S") <= datetime.now()
 
@@ -104,9 +99,9 @@ def test_a_users_own_configs_keep_their_own_run_folder_pattern(tmp_path, monkeyp
     (conf / "experiment").mkdir(parents=True)
     (conf / "experiment" / "theirs.yaml").write_text("# @package _global_\nhydra:\n  run:\n    dir: runs/${now:%H}\n")
     (conf / "experiment" / "plain.yaml").write_text("# @package _global_\nseed: 7\n")
-    assert claim_default_run_folder(["--config-dir", str(conf), "experiment=theirs"]) is None
+    assert claim_default_run_folder(parse_arguments(["--config-dir", str(conf), "experiment=theirs"])) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conf"]
-    claimed = claim_default_run_folder(["--config-dir", str(conf), "experiment=plain"])
+    claimed = claim_default_run_folder(parse_arguments(["--config-dir", str(conf), "experiment=plain"]))
     assert claimed is not None and claimed.parent.parent == Path("outputs")
 
 

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from runner import slurm
+from runner.launch import slurm
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from runner.config import ConfigError
-from runner.lock import LOCK_NAME, RunLock, is_locked
+from runner.launch.lock import LOCK_NAME, RunLock, is_locked
 
 
 def test_the_lock_records_its_holder_is_reentrant_and_is_left_empty_when_released(tmp_path):

@@ -7,7 +7,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from runner import overrides as parsed
+
 JOB_FILE = "job.json"
+FINISHED, FAILED, RUNNING, STOPPED = "finished", "failed", "running", "stopped"  # a job's status
 
 
 def read_job(folder: str | os.PathLike) -> dict[str, Any] | None:
@@ -21,13 +24,12 @@ def read_job(folder: str | os.PathLike) -> dict[str, Any] | None:
 def swept_keys(overrides: list[list[str]]) -> list[str]:
     """The keys whose values differ between jobs, in first-seen order (all keys if there is one job)."""
     values: dict[str, set[str]] = {}
-    for job in overrides:
-        for override in job:
-            if "=" in override:
-                key, value = override.lstrip("+").split("=", 1)
-                values.setdefault(key, set()).add(value)
+    typed = [parsed.as_typed(job) for job in overrides]
+    for job in typed:
+        for key, value in job.items():
+            values.setdefault(key, set()).add(value)
     keys = list(values)
     if len(overrides) > 1:
-        present = [{o.lstrip("+").split("=", 1)[0] for o in job if "=" in o} for job in overrides]
+        present = [set(job) for job in typed]
         keys = [k for k in keys if len(values[k]) > 1 or any(k not in job for job in present)]
     return [k for k in keys if not k.startswith("hydra")]

@@ -6,9 +6,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from runner.cli.resume import find_checkpoint, resumed_config
 from runner.config import ConfigError
 from runner.engine import Accelerator, ProjectConfiguration
-from runner.resume import find_checkpoint, resumed_config, saved_overrides
+from runner.layout import saved_overrides
 
 
 @pytest.fixture

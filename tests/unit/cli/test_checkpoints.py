@@ -2,7 +2,7 @@
 
 import torch
 
-from runner.checkpoints import describe, format_table, main
+from runner.cli.checkpoints import describe, format_table, main
 from runner.engine import Accelerator, ProjectConfiguration
 from tests.unit.engine.checkpoint_edits import rewrite_manifest
 

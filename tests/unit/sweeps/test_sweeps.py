@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from runner import report
-from runner.app import check_plugins
+from runner.cli.check import check_plugins
 from runner.config import ConfigError
-from runner.jobs import swept_keys
-from runner.lock import RunLock, is_locked
-from runner.sweeps import contiguous, plan
+from runner.launch.lock import RunLock, is_locked
+from runner.sweeps import report
+from runner.sweeps.jobs import swept_keys
+from runner.sweeps.plan import contiguous, plan
 
 
 def _job(folder: Path, overrides: list[str], status: str, **extra) -> Path:
@@ -130,8 +130,7 @@ def test_an_option_whose_plugin_is_missing_names_the_extra_to_install(monkeypatc
 def test_each_experiment_declares_its_objective_and_direction(overrides, objective):
     from hydra import compose, initialize_config_dir
 
-    from runner.app import CONF_DIR
-    from runner.config import register_configs
+    from runner.config import CONF_DIR, register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -12,9 +12,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from runner import preemption
-from runner.config import recipe_module
+from runner.launch.environment import LaunchEnvironment
 from runner.layout import CONFIG_FILE, LOG_FILE, LOGS_DIR, OVERRIDES_FILE
 from runner.startup import stamp
+from runner.validation import recipe_module
 
 logger = logging.getLogger("runner")
 
@@ -92,26 +93,23 @@ def record_config_in_checkpoints(accelerator, config: dict[str, Any], overrides:
     accelerator.register_save_state_pre_hook(write)
 
 
-def run_worker(config: dict[str, Any], overrides: list[str]) -> float | None:
-    """Train one process's share of the run described by ``config`` (already resolved)."""
+def run_worker(config: dict[str, Any], overrides: list[str], *, environment: LaunchEnvironment) -> float | None:
+    """Train one process's share of the run described by ``config`` (already resolved).
+
+    ``environment`` is what this process's launcher said about it (its rank, how often it restarted).
+    """
     stamp("start workers")
     preemption.watch()
     cfg = OmegaConf.create(config)
-    rank = int(os.environ.get("RANK", "0"))
-    configure_logging(rank=rank, log_file=Path(cfg.project.project_dir) / LOG_FILE)
-    if "OMP_NUM_THREADS" in os.environ:
+    configure_logging(rank=environment.global_rank, log_file=Path(cfg.project.project_dir) / LOG_FILE)
+    if environment.threads is not None:
         import torch
 
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    if restarts:  # the elastic agent restarted the workers: continue from the run's newest checkpoint
-        from runner.engine.checkpoint import checkpoints_dir, newest_intact_checkpoint
-
-        newest, skipped = newest_intact_checkpoint(checkpoints_dir(cfg.project.project_dir))
-        for checkpoint, error in skipped:
-            logger.warning("Skipping %s: %s", checkpoint.name, error)
+        torch.set_num_threads(environment.threads)
+    if environment.restart_count:  # the elastic agent restarted the workers: continue from the newest checkpoint
+        newest = _newest_checkpoint(cfg.project.project_dir)
         if newest is not None:
-            logger.warning("Restart %d: resuming from %s", restarts, newest)
+            logger.warning("Restart %d: resuming from %s", environment.restart_count, newest)
             cfg.resume = str(newest)
     accelerator = build_accelerator(cfg)
     stamp("process group")
@@ -121,10 +119,21 @@ def run_worker(config: dict[str, Any], overrides: list[str]) -> float | None:
     return recipe.train(cfg, accelerator)
 
 
+def _newest_checkpoint(project_dir: str) -> Path | None:
+    """The run's newest intact checkpoint (damaged newer ones are skipped with a warning)."""
+    from runner.engine.checkpoint import checkpoints_dir, newest_intact_checkpoint
+
+    newest, skipped = newest_intact_checkpoint(checkpoints_dir(project_dir))
+    for checkpoint, error in skipped:
+        logger.warning("Skipping %s: %s", checkpoint.name, error)
+    return newest
+
+
 def run_worker_process(config: dict[str, Any], overrides: list[str]) -> float | None:
-    """:func:`run_worker` as one of several processes: a preempted worker exits with preemption.EXIT_CODE."""
+    """:func:`run_worker` as one of several processes started here: a preempted worker exits with
+    preemption.EXIT_CODE."""
     try:
-        objective = run_worker(config, overrides)
+        objective = run_worker(config, overrides, environment=LaunchEnvironment.read())
     except preemption.Preempted as stop:
         logger.warning("Preempted: %s; the checkpoint is saved", stop)
         preemption.release()  # a further signal may now end the process: nothing is left to lose

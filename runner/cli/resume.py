@@ -1,17 +1,89 @@
-"""Find the checkpoint a ``resume=`` path means, and rebuild that run's config."""
+"""``resume=``: find the checkpoint a path means, decide once what the command resumes, rebuild that run's config.
+
+The command line decides (:func:`from_command_line`: the checkpoint, verified; whose folder it is;
+the run's own overrides, replayed first) and hands the :class:`Resume` down to the Hydra app, which
+rebuilds the run's config from it (:func:`resumed_run`). A sweep job that finds an earlier attempt
+of itself decides the same way, from its own folder (:func:`from_config`).
+"""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner.config import TRUST_KEY, ConfigError
-from runner.engine.constants import CHECKPOINTS_DIR
-from runner.layout import CONFIG_FILE, OVERRIDES_FILE
+from runner import overrides as parsed
+from runner.config import CONFIG_GROUPS, TRUST_KEY, ConfigError
+from runner.layout import CONFIG_FILE, saved_overrides
 
 logger = logging.getLogger("runner")
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What a command resumes: the path as typed, the run folder and checkpoint it names, the overrides replayed."""
+
+    path: str
+    run_dir: Path
+    checkpoint: Path
+    replayed: tuple[str, ...]  # the run's own saved overrides, composed before the command's
+
+
+def from_command_line(path: str, overrides: list[str], *, search_path: list[str]) -> Resume:
+    """The resume ``resume=path`` asks for, checked before anything of the folder's config is composed.
+
+    The checkpoint's files are verified against its manifest; a folder you did not write is refused
+    unless the command trusts it (:func:`runner.provenance.check_resumable`).
+
+    Raises:
+        ConfigError: No such checkpoint, a damaged one, an untrusted folder, or an override switching a group.
+    """
+    from runner.provenance import check_resumable
+
+    run_dir, checkpoint = find_checkpoint(path)
+    # Before anything of the folder's config is composed, validated or imported: it may name code.
+    check_resumable(checkpoint, path=path, overrides=overrides, search_path=search_path)
+    switched = [line for line, override in zip(overrides, parsed.parse(overrides), strict=True)
+                if override.key_or_group in CONFIG_GROUPS]  # fmt: skip
+    if switched:
+        raise ConfigError(
+            f"resume= keeps the resumed run's config groups, but {switched[0]} switches one; change values "
+            "(e.g. trainer.max_steps=2000) or start a new run."
+        )
+    return Resume(path, run_dir, checkpoint, tuple(replayed_overrides(checkpoint)))
+
+
+def from_config(path: str, overrides: list[str], *, search_path: list[str]) -> Resume:
+    """The resume of a config the command line did not decide: a sweep job's earlier attempt, in its own
+    folder, or a config composed without the command line. Each worker verifies the checkpoint's files.
+
+    Raises:
+        ConfigError: No such checkpoint, or a folder you did not write that the overrides do not trust.
+    """
+    from runner.provenance import check_resumable
+
+    run_dir, checkpoint = find_checkpoint(path, verify_checksums=False)
+    check_resumable(checkpoint, path=path, overrides=overrides, search_path=search_path)
+    return Resume(path, run_dir, checkpoint, tuple(replayed_overrides(checkpoint)))
+
+
+def resumed_run(resume: Resume, task_overrides: list[str]) -> tuple[DictConfig, list[str]]:
+    """The resumed run's config with this command's new overrides, and the overrides it now stands for.
+
+    ``task_overrides`` are those Hydra composed: the replayed ones first, then the command's own.
+    """
+    given = parsed.without(task_overrides, "resume")
+    replayed = list(resume.replayed)
+    new = given[len(replayed) :] if given[: len(replayed)] == replayed else given
+    cfg = resumed_config(resume.checkpoint, new)
+    cfg.project.project_dir = str(resume.run_dir)
+    cfg.resume = str(resume.checkpoint)
+    if (change := schedule_change(resume.checkpoint, cfg)) is not None:
+        logger.warning("%s.", change)
+    logger.info("Resuming %s from %s with new overrides %s", resume.run_dir, resume.checkpoint.name, new)
+    return cfg, parsed.last_per_key(replayed + new)
 
 
 def find_checkpoint(path: str, *, verify_checksums: bool = True) -> tuple[Path, Path]:
@@ -24,6 +96,7 @@ def find_checkpoint(path: str, *, verify_checksums: bool = True) -> tuple[Path, 
         ConfigError: The path is missing, not a checkpoint or run folder, or has no intact checkpoint.
     """
     from runner.engine.checkpoint import checkpoint_number, newest_intact_checkpoint
+    from runner.engine.constants import CHECKPOINTS_DIR
 
     folder = Path(path).expanduser().resolve()
     if folder.is_file():
@@ -67,32 +140,12 @@ def _check_intact(checkpoint: Path, path: str, *, verify_checksums: bool) -> Non
         )
 
 
-def saved_overrides(checkpoint: Path) -> list[str]:
-    """The command-line overrides the checkpointed run was composed with, as written (nothing resolved).
-
-    Raises:
-        ConfigError: The file is not a YAML list of strings.
-    """
-    path = checkpoint / OVERRIDES_FILE
-    if not path.is_file():
-        return []
-    try:
-        saved = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    except Exception:  # not YAML (OmegaConf and yaml raise several types)
-        saved = None
-    if not isinstance(saved, list) or not all(isinstance(override, str) for override in saved):
-        raise ConfigError(f"{path} is not a list of overrides; the checkpoint is damaged, so resume another one.")
-    return saved
-
-
 def replayed_overrides(checkpoint: Path) -> list[str]:
     """The saved overrides a resume replays: all but ``resume=``, ``trust_resume=`` and Hydra's own (``hydra.*``,
     ``hydra/...``), which belong to the command that typed them."""
 
-    def key(override: str) -> str:
-        return override.split("=", 1)[0].lstrip("+~")
-
-    return [o for o in saved_overrides(checkpoint) if key(o) not in ("resume", TRUST_KEY) and key(o)[:5] != "hydra"]
+    saved = saved_overrides(checkpoint)
+    return [o for o in parsed.without(saved, "resume", TRUST_KEY) if not parsed.is_hydra(o)]
 
 
 def resumed_config(checkpoint: Path, new_overrides: list[str]) -> DictConfig:
@@ -100,13 +153,11 @@ def resumed_config(checkpoint: Path, new_overrides: list[str]) -> DictConfig:
 
     The overrides are parsed with Hydra's grammar, exactly as on a fresh command line.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     from runner.config import RunnerConfig
 
     cfg = OmegaConf.merge(OmegaConf.structured(RunnerConfig), OmegaConf.load(checkpoint / CONFIG_FILE))
     OmegaConf.set_struct(cfg, True)
-    for override in OverridesParser.create().parse_overrides(new_overrides):
+    for override in parsed.parse(new_overrides):
         key = override.key_or_group
         try:
             OmegaConf.update(cfg, key, override.value(), merge=True)

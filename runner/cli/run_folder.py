@@ -26,56 +26,33 @@ from datetime import datetime
 from itertools import count
 from pathlib import Path
 
+from runner import overrides as parsed
 from runner.config import CONF_DIR, CONFIG_NAME, ConfigError
+from runner.layout import check_no_links
 
 # Keys that name a folder a run (or each job of a sweep) writes into.
 FOLDER_KEYS = ("hydra.run.dir", "project.project_dir", "hydra.sweep.dir")
 _NOW = re.compile(r"\$\{now:([^}]*)\}")
 
 
-def link_error(path: Path) -> ConfigError:
-    """The one sentence for a symbolic link found at ``path`` inside a run folder."""
-    target = os.readlink(path)
-    shown = target if os.path.isabs(target) else os.path.normpath(os.path.join(os.path.dirname(path), target))
-    return ConfigError(
-        f"{path} is a symbolic link (to {shown}); a run folder holds no links, so remove it or copy the run with "
-        "links resolved (cp -rL)."
-    )
-
-
-def check_no_links(folder: Path) -> None:
-    """Raise :class:`ConfigError` naming a symbolic link anywhere inside ``folder`` (none if it does not exist).
-
-    Raises:
-        ConfigError: One sentence naming the link, where it points, and the fix.
-    """
-    pending = [Path(folder)]
-    while pending:
-        current = pending.pop()
-        try:
-            entries = os.scandir(current)
-        except (FileNotFoundError, NotADirectoryError):
-            continue  # not there yet, or a file: check_writable and Hydra report those
-        with entries:
-            for entry in entries:
-                if entry.is_symlink():
-                    raise link_error(Path(entry.path))
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append(Path(entry.path))
-
-
-def check_run_folders(argv: list[str]) -> None:
-    """:func:`check_no_links` for every run folder ``argv`` names: those of :data:`FOLDER_KEYS` and ``resume=``'s.
+def check_run_folders(overrides: list[str]) -> None:
+    """:func:`~runner.layout.check_no_links` for every run folder ``overrides`` name: those of :data:`FOLDER_KEYS`
+    and ``resume=``'s.
 
     A ``resume=`` path is taken as written, not resolved: a linked ``checkpoints/`` or
     ``checkpoint_N`` would otherwise move the run, and Hydra's writes, to wherever the link points.
     """
-    given = _overrides(argv)
-    folders = {_as_written(value) for key, value in given.items() if key in FOLDER_KEYS and "${" not in value}
-    if given.get("resume", "null") != "null":
+    given = parsed.values(overrides)
+    folders = {_as_written(given[key]) for key in FOLDER_KEYS if _is_path(given.get(key))}
+    if _is_path(given.get("resume")):
         folders.add(resumed_run_folder(given["resume"]))
     for folder in sorted(folders):
         check_no_links(folder)
+
+
+def _is_path(value: str | None) -> bool:
+    """Whether an override's value names a folder here (not unset, and no interpolation only Hydra resolves)."""
+    return value not in (None, "", "null") and "${" not in value
 
 
 def resumed_run_folder(resume: str) -> Path:
@@ -91,29 +68,28 @@ def _as_written(folder: str) -> Path:
     return Path(os.path.normpath(Path(folder).expanduser().absolute()))
 
 
-def claim_default_run_folder(argv: list[str]) -> Path | None:
+def claim_default_run_folder(args) -> Path | None:
     """Create this run's folder when Hydra would name it from ``conf/config.yaml``'s ``hydra.run.dir``; else None.
 
-    Only a single run that starts a job and whose command line names no ``hydra.run.dir`` is given a
-    folder here: a resume, torchrun and Slurm already name theirs (``prepare_command_line`` adds it),
-    and a sweep's jobs are numbered folders of their sweep. When the command line brings configs of
+    ``args`` is Hydra's parsed command line. Only a single run that starts a job and whose command line
+    names no ``hydra.run.dir`` is given a folder here: a resume, torchrun and Slurm already name
+    theirs (:func:`runner.cli.command_line.read` adds it), and a sweep's jobs are numbered folders
+    of their sweep. When the command line brings configs of
     its own (``--config-dir``, ``--config-name``, ``hydra.searchpath``), they are composed to see
     whether they set ``hydra.run.dir``: a pattern of the user's own is left to Hydra.
 
     Raises:
         ConfigError: The folder cannot be created.
     """
-    from hydra._internal.utils import get_args_parser
-
-    args = get_args_parser().parse_args(argv)
     asked_for_no_run = args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
     if asked_for_no_run or args.multirun or args.config_path:
         return None
-    given = _overrides(argv)
-    if args.experimental_rerun or "hydra.run.dir" in given:
+    given = list(args.overrides or [])
+    if args.experimental_rerun or parsed.sets(given, "hydra.run.dir"):
         return None
     default = default_run_dir_pattern(CONF_DIR)
-    if (args.config_dir or args.config_name or "hydra.searchpath" in given) and _composed_pattern(args) != default:
+    own_configs = args.config_dir or args.config_name or parsed.sets(given, "hydra.searchpath")
+    if own_configs and _composed_pattern(args) != default:
         return None
     return claim_run_folder(default)
 
@@ -130,15 +106,15 @@ def _composed_pattern(args) -> str | None:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from runner.search_path import search_path_overrides
+    from runner.cli.search_path import search_path_overrides
 
     overrides = list(args.overrides or [])
     search = search_path_overrides(overrides, config_dir=args.config_dir)
-    given = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    given = [o for o in overrides if not parsed.is_hydra(o)]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         try:
             cfg = compose(args.config_name or CONFIG_NAME, overrides=given + search, return_hydra_config=True)
-        except Exception:  # prepare_command_line composed these already; if not, Hydra names the folder and reports
+        except Exception:  # the command line composed these already; if not, Hydra names the folder and reports
             return None
     return OmegaConf.to_container(cfg.hydra.run)["dir"]
 
@@ -174,9 +150,3 @@ def _cannot_create(folder: Path, error: OSError) -> ConfigError:
         f"The run folder {folder} cannot be created ({error.filename}: {error.strerror}); start the run from a folder "
         "this user can write, or name one with hydra.run.dir=..."
     )
-
-
-def _overrides(argv: list[str]) -> dict[str, str]:
-    """``key=value`` overrides of ``argv`` (the last one of each key), keys without ``+``/``++``, values unquoted."""
-    pairs = (arg.split("=", 1) for arg in argv if "=" in arg and not arg.startswith("-"))
-    return {key.lstrip("+"): value.strip("'\"") for key, value in pairs}

@@ -142,12 +142,15 @@ def command_line(given: dict[str, str]) -> list[str]:
     """Overrides (and, for one task per process, environment variables) that place this task in the job.
 
     Args:
-        given: ``key=value`` overrides already on the command line; they win over Slurm's values.
+        given: The values of the overrides already on the command line, by key (see
+            :func:`runner.overrides.values`); they win over Slurm's.
     """
+    from runner.overrides import hydra_value
+
     job = os.environ["SLURM_JOB_ID"]
     extra = [] if "hydra.run.dir" in given else [f"hydra.run.dir=outputs/slurm-{job}"]
     if "project.project_dir" not in given:
-        extra.append(f"project.project_dir={given.get('hydra.run.dir', f'outputs/slurm-{job}')}")
+        extra.append(f"project.project_dir={hydra_value(given.get('hydra.run.dir') or f'outputs/slurm-{job}')}")
     if set_rank_environment():
         if os.environ["RANK"] != "0":  # rank 0 alone writes Hydra's record and the log
             extra += ["hydra.output_subdir=null", "hydra/job_logging=disabled"]

@@ -1,0 +1,111 @@
+"""``runner`` / ``python -m runner``: read and check the command line once, take the run folder, let Hydra run it.
+
+Everything here happens in the launching process before a worker starts: the command line becomes
+one :class:`~runner.cli.command_line.CommandLine` (a typo is one sentence and exit code 2, before
+Hydra writes anything), the run's folder is locked, and Hydra composes and runs
+:class:`~runner.cli.app.HydraApp`. Nothing on this path imports torch unless a run is starting.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+from runner.config import ConfigError, register_configs
+
+USAGE_ERROR = 2
+RUNTIME_ERROR = 1
+
+
+def main() -> None:
+    """The ``runner`` console script and ``python -m runner``: Hydra's command line, checked first."""
+    from runner.cli.app import run_hydra
+    from runner.cli.command_line import parse_arguments, read
+    from runner.cli.help import print_help
+    from runner.data.download import DataFileError, DownloadError
+    from runner.launch.environment import LaunchEnvironment
+    from runner.launch.lock import FolderLocked
+    from runner.launch.worker import exit_without_finalizing
+    from runner.startup import stamp
+
+    register_configs()
+    import_from_working_directory()
+    # conf/hydra/launcher/joblib.yaml and conf/hydra/sweeper/basic.yaml take the place of the plugins'
+    # own configs of those names on purpose, and are checked against their schemas: no warning for that.
+    warnings.filterwarnings("ignore", message=r"\s*'hydra/(launcher/joblib|sweeper/basic)' is validated against")
+    argv = sys.argv[1:]
+    lock = None
+    try:
+        args = parse_arguments(argv)
+        if args.experimental_rerun:
+            raise ConfigError(
+                "--experimental-rerun unpickles a file, and a run folder is never unpickled; continue a run with "
+                "resume=<run folder> instead."
+            )
+        if print_help(args):
+            return
+        command = read(args, argv, LaunchEnvironment.read())
+        stamp("check the command line")
+        command, lock = take_run_folder(command, args)
+    except ConfigError as error:
+        print(f"runner: error: {error}", file=sys.stderr)
+        sys.exit(USAGE_ERROR)
+    except (FolderLocked, DataFileError, DownloadError) as error:
+        print(f"runner: error: {error}", file=sys.stderr)
+        sys.exit(RUNTIME_ERROR)
+    try:
+        run_hydra(command)
+    except SystemExit as stop:
+        code = stop.code
+        exit_without_finalizing(0 if code is None else code if isinstance(code, int) else RUNTIME_ERROR)
+        raise
+    else:
+        exit_without_finalizing(0)  # a torchrun worker with a process group: see the function
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def take_run_folder(command, args):
+    """Lock the folder the command's single run writes, before Hydra writes its record into it.
+
+    A command line that names no folder gets Hydra's default one, created here so that no other
+    run can take it (:func:`~runner.cli.run_folder.claim_default_run_folder`). Returns the command
+    (naming the claimed folder to Hydra) and the lock, or None when this process takes no folder.
+    """
+    from runner.cli.run_folder import claim_default_run_folder
+    from runner.launch.lock import RunLock
+    from runner.launch.preflight import check_writable
+    from runner.overrides import hydra_value
+
+    lock = None
+    if command.run_folder is not None:
+        check_writable(command.run_folder, command.run_folder_key)
+        lock = RunLock(command.run_folder).acquire()
+    claimed = claim_default_run_folder(args) if command.resume is None and not _names_run_dir(command) else None
+    if claimed is not None:
+        command = command.with_overrides(f"hydra.run.dir={hydra_value(str(claimed))}")
+        lock = lock or RunLock(claimed).acquire()
+    return command, lock
+
+
+def _names_run_dir(command) -> bool:
+    from runner import overrides as parsed
+
+    return parsed.sets(command.overrides, "hydra.run.dir")
+
+
+def import_from_working_directory() -> None:
+    """Make the user's package in the current folder importable here and in every process started from here.
+
+    ``python -m runner`` puts the current folder first on ``sys.path``; the ``runner`` console script
+    does not, and neither does a fresh interpreter (an elastic worker, a restarted one, a Slurm task).
+    ``PYTHONPATH`` carries it to all of them.
+    """
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if here not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, paths)])

@@ -1,0 +1,212 @@
+"""The Hydra app: what Hydra runs for a single run and for each job of a sweep. Resolve, check, then launch.
+
+Hydra composes the :class:`~runner.cli.command_line.CommandLine` it is given and calls
+:class:`HydraApp` with the composed config. The app holds the command line's own decisions (the
+resume, whether this very config was already checked), so nothing is decided twice; a sweep job
+decides its own resume, from its folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from runner import preemption
+from runner.cli import RUNTIME_ERROR, USAGE_ERROR
+from runner.cli import resume as resumes
+from runner.cli.command_line import CommandLine
+from runner.config import CONF_DIR, CONFIG_NAME, ConfigError
+from runner.launch import slurm
+from runner.launch.environment import LaunchEnvironment
+from runner.launch.preflight import check_rendezvous_port, check_writable, wait_for_rendezvous
+from runner.startup import restart, stamp, stamps
+from runner.validation import check_devices, check_hardware, validate
+
+logger = logging.getLogger("runner")
+
+
+class HydraApp:
+    """Hydra's task function, holding the checked command line (a plain object: launchers may pickle it)."""
+
+    def __init__(self, command: CommandLine | None = None) -> None:
+        self.command = command
+
+    def __call__(self, cfg: DictConfig) -> float | None:
+        return main(cfg, self.command)
+
+
+def run_hydra(command: CommandLine) -> None:
+    """Let Hydra compose and run ``command`` (its run folder, logging, record, sweeps and launchers)."""
+    from hydra import version
+    from hydra._internal.utils import _run_hydra, get_args_parser
+
+    version.setbase("1.3")
+    parser = get_args_parser()
+    _run_hydra(
+        args=parser.parse_args(command.argv),
+        args_parser=parser,
+        task_function=HydraApp(command),
+        config_path=str(CONF_DIR),
+        config_name=CONFIG_NAME,
+    )
+
+
+def main(cfg: DictConfig, command: CommandLine | None = None) -> float | None:
+    """Resolve the run (resume, folder), check it, and launch. Returns the sweep objective.
+
+    ``command`` is the command line that Hydra composed ``cfg`` from; without one (``cfg`` composed
+    some other way) everything is checked here.
+    """
+    stamp("compose with Hydra")
+    from runner.components import BatchError
+    from runner.data.mnist_files import DataFileError, DownloadError
+    from runner.engine.checkpoint import CheckpointError
+    from runner.launch.elastic import WorkerFailed
+    from runner.launch.lock import FolderLocked
+    from runner.sweeps.job import JobFailed, SweepJob
+
+    stamp("import torch")
+    job = SweepJob.current()  # None unless this is one job of a multirun
+    if job is not None and "first optimizer step" in dict(stamps()):
+        restart("start the next sweep job")  # an earlier job of this process already reported its start-up
+    project_dir = None
+    try:
+        cfg, overrides = _resolve(cfg, command, job)
+        project_dir = _project_dir(cfg)
+        _check_machine(cfg, project_dir)
+        objective = _launch(cfg, overrides, project_dir, job)
+    except FolderLocked as error:  # another process runs this folder: its record is not ours to touch
+        _fail(job, RUNTIME_ERROR, str(error), record=False)
+    except ConfigError as error:
+        _fail(job, USAGE_ERROR, str(error))
+    except preemption.Preempted as stop:
+        message = _stopped(stop, str(project_dir), sweep=job is not None)
+        if job is not None:
+            job.stop(message)  # the whole sweep stops: the scheduler wants the machine back
+        print(f"runner: {message}", file=sys.stderr)
+        sys.exit(preemption.EXIT_CODE)
+    except (WorkerFailed, CheckpointError, DownloadError, DataFileError, BatchError, JobFailed) as error:
+        _fail(job, RUNTIME_ERROR, str(error))
+    except Exception as error:
+        if job is not None:
+            job.fail(f"{type(error).__name__}: {error}")
+        raise
+    if job is not None:
+        job.finish(objective)
+    return objective
+
+
+def _resolve(cfg: DictConfig, command: CommandLine | None, job) -> tuple[DictConfig, list[str]]:
+    """The config to launch and the overrides it stands for: resumed if asked, checked unless already checked."""
+    from runner.data import prepare_datasets
+    from runner.targets import check_targets
+
+    # The command line checked this very config when it ran alone (a sweep job's config is one of many).
+    checked = command is not None and command.checked and job is None
+    if not checked:
+        validate(cfg)
+    if slurm.under_srun() and not slurm.set_rank_environment() and cfg.trainer.num_nodes == 1:
+        # Started by a Slurm job without our command line (Hydra's submitit launcher): one task per node.
+        for key, value in slurm.node_launcher_settings().items():
+            OmegaConf.update(cfg, key, int(value) if value.isdigit() else value)
+    overrides = _task_overrides()
+    resume = command.resume if command is not None else None
+    if resume is None and job is not None and not cfg.resume and job.resumable(_project_dir(cfg)):
+        cfg.resume = str(_project_dir(cfg))  # an earlier attempt of this sweep job: continue it
+    if resume is None and cfg.resume:  # a sweep job's, or a config composed without the command line
+        resume = resumes.from_config(str(cfg.resume), overrides, search_path=_hydra_search_path())
+    if resume is not None:
+        cfg, overrides = resumes.resumed_run(resume, overrides)
+        validate(cfg)
+    if not checked or resume is not None:  # a resumed run's config is its own, not the one the command composed
+        check_targets(cfg)
+        check_hardware(cfg)
+        prepare_datasets(cfg.data)  # once, here (downloads, checks), rather than racing in every worker
+    check_devices(cfg)
+    return cfg, overrides
+
+
+def _check_machine(cfg: DictConfig, project_dir: Path) -> None:
+    """The run folder is writable, and a multi-node rendezvous can be reached (or hosted, on node 0)."""
+    check_writable(project_dir, "project.project_dir")
+    if cfg.trainer.num_nodes > 1 and cfg.trainer.node_rank == 0:
+        check_rendezvous_port(cfg.trainer.rdzv_endpoint)
+    elif cfg.trainer.num_nodes > 1:
+        wait_for_rendezvous(cfg.trainer.rdzv_endpoint, timeout=cfg.trainer.rdzv_timeout)
+
+
+def _launch(cfg: DictConfig, overrides: list[str], project_dir: Path, job) -> float | None:
+    """Hold the run folder (one launching process per run does) and launch the workers."""
+    from runner.launch.elastic import launch
+    from runner.launch.lock import RunLock
+    from runner.sweeps.job import apply_thread_budget
+
+    config = OmegaConf.to_container(cfg, resolve=True)
+    config["project"]["project_dir"] = str(project_dir)
+    stamp("validate and check data")
+    environment = LaunchEnvironment.read()  # after Slurm's ranks are set
+    # One launching process per run takes the folder: torchrun's rank 0, node 0 of several.
+    locks = environment.global_rank == 0 and cfg.trainer.node_rank == 0
+    with RunLock(project_dir) if locks else contextlib.nullcontext():
+        if job is not None:
+            processes = config["trainer"]["num_processes"]
+            threads = apply_thread_budget(processes if isinstance(processes, int) else 1)
+            job.record["threads_per_process"] = threads
+            if threads is not None:
+                environment = dataclasses.replace(environment, threads=threads)
+            job.start(project_dir, objective=(cfg.objective.metric, cfg.objective.direction))
+        return launch(config, overrides, environment=environment)
+
+
+def _fail(job, code: int, message: str, *, record: bool = True) -> NoReturn:
+    """Report ``message``: alone, one line and exit ``code``; in a sweep, record it in the job's
+    job.json (unless ``record`` is False) and raise, so that Hydra marks the job failed and the sweep goes on.
+    """
+    from runner.sweeps.job import JobFailed
+
+    if job is None:
+        print(f"runner: error: {message}", file=sys.stderr)
+        sys.exit(code)
+    if record:
+        job.fail(message)
+    raise JobFailed(message) from None
+
+
+def _stopped(stop, project_dir: str, *, sweep: bool = False) -> str:
+    """One sentence for a preempted run: what stopped it, what was saved, and how to continue."""
+    from runner.engine.checkpoint import checkpoints_dir, newest_intact_checkpoint
+
+    newest, _ = newest_intact_checkpoint(checkpoints_dir(project_dir))
+    saved = f"{newest.name} is saved" if newest is not None else "no checkpoint was completed"
+    if sweep:
+        how = "run the same sweep command again to continue"
+    else:
+        how = f"continue with `python -m runner resume={project_dir}`"
+    agreed = f"stopped by {stop.signal_name} at a step all processes agreed on"
+    return f"{agreed}; {saved}; {how} (exit code {preemption.EXIT_CODE})."
+
+
+def _task_overrides() -> list[str]:
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def _project_dir(cfg: DictConfig) -> Path:
+    if cfg.project.project_dir:
+        return Path(cfg.project.project_dir).resolve()
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir).resolve()
+    raise ConfigError("project.project_dir is not set and there is no Hydra run folder; set project.project_dir.")
+
+
+def _hydra_search_path() -> list[str]:
+    """This run's config folders as search-path entries (``file://...``, ``pkg://...``)."""
+    if not HydraConfig.initialized():
+        return []
+    return [f"{source.schema}://{source.path}" for source in HydraConfig.get().runtime.config_sources if source.path]

@@ -1,0 +1,7 @@
+"""The processes of a run: start them (torch's elastic launcher, or join torchrun / srun), and what each one runs.
+
+environment.py  what the launcher said about this process (rank, restarts), read once
+elastic.py      start the workers here, or train in this process; failures.py: the failed rank's sentence
+worker.py       what every training process runs: logging, the Accelerator, the recipe
+lock.py         the run folder's lock; preflight.py: checks before launch; slurm.py: srun's tasks
+"""

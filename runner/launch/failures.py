@@ -1,0 +1,52 @@
+"""The one sentence for a failed run of several processes: the rank that caused it, and its error."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+# When one rank dies, its peers fail too, on the broken connection; those are not the cause.
+_COLLATERAL = re.compile(
+    r"Connection (closed|reset) by peer|remote worker|Broken pipe|communicator was aborted|SIGTERM"
+)
+
+
+def describe_failure(failures: dict) -> str:
+    """One sentence for the root cause among the failed ranks.
+
+    When a rank raises, its peers fail next on the broken connection, and the elastic agent may
+    report one of those before the rank that raised has exited. So the error files torch's agent
+    keeps for every local rank of the attempt are read too, and an error of a rank's own is
+    preferred over a peer's broken connection.
+    """
+    candidates: dict[int, str] = {}
+    for rank, failure in failures.items():
+        text = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
+        if failure.exitcode >= 0 and not Path(str(failure.error_file)).is_file():
+            text = ""  # no error of its own: torch's message is only advice on how to record one
+        candidates[rank] = str(text or "").strip() or f"exit code {failure.exitcode}"
+        candidates.update(_sibling_errors(rank, failure))
+    rank = min(candidates, key=lambda r: (bool(_COLLATERAL.search(candidates[r])), r not in failures, r))
+    detail = candidates[rank].splitlines()[-1]
+    # "runner.engine.checkpoint.CheckpointError: ..." reads better as "CheckpointError: ..."
+    detail = re.sub(r"^(?:\w+\.)+(\w+: )", r"\1", detail)
+    return f"Worker rank {rank} failed: {detail}"
+
+
+def _sibling_errors(rank: int, failure) -> dict[int, str]:
+    """Messages in the error files of the other local ranks of ``failure``'s attempt, by global rank."""
+    error_file = Path(str(failure.error_file))
+    if not error_file.is_file() or not error_file.parent.name.isdigit():
+        return {}
+    found = {}
+    for sibling in error_file.parent.parent.glob("*/error.json"):
+        if not sibling.parent.name.isdigit() or sibling == error_file:
+            continue
+        try:
+            message = json.loads(sibling.read_text())["message"]["message"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(message, str) and message.strip():
+            found[rank - failure.local_rank + int(sibling.parent.name)] = message.strip()
+    return found

@@ -1,0 +1,309 @@
+"""The checks of a composed config that its schema's types cannot express: ranges, choices, combinations.
+
+Each failure is one :class:`~runner.config.ConfigError` sentence naming the key and the fix.
+Nothing here imports torch, except :func:`check_devices` and :func:`check_hardware`, which look at
+the machine.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import math
+import os
+import re
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from runner.config import (
+    CHAR_CORPUS,
+    DIRECTIONS,
+    MIXED_PRECISION_CHOICES,
+    MODEL_COMPUTES_LOSS,
+    RECIPES,
+    STRATEGIES,
+    TRACKERS,
+    ConfigError,
+    GPTConfig,
+)
+
+_SPLIT = re.compile(r"^(?P<name>[A-Za-z_]\w*)(\[(?P<start>-?\d+%?)?:(?P<stop>-?\d+%?)?\])?$")
+
+
+def check_split(key: str, value: str) -> None:
+    if not _SPLIT.match(value):
+        raise ConfigError(
+            f"{key}={value!r} is not a split; write a name with an optional slice, like 'train', 'test[:8000]' "
+            "or 'train[:10%]'."
+        )
+
+
+def _at_least(cfg: DictConfig, key: str, minimum: int | float, *, optional: bool = False) -> None:
+    value = OmegaConf.select(cfg, key)
+    if value is None and optional:
+        return
+    if value is None or value < minimum:
+        hint = " (or null)" if optional else ""
+        raise ConfigError(f"{key}={value} must be at least {minimum}{hint}.")
+
+
+def _choice(cfg: DictConfig, key: str, choices: tuple[str, ...]) -> None:
+    value = OmegaConf.select(cfg, key)
+    if value not in choices:
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"{key}={value!r} is not supported{hint}; use one of {', '.join(choices)}.")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check what the schemas' types cannot. Raises :class:`ConfigError` with one sentence."""
+    _choice(cfg, "trainer.mixed_precision", MIXED_PRECISION_CHOICES)
+    processes = cfg.trainer.num_processes
+    if processes != "auto" and not (isinstance(processes, int) and not isinstance(processes, bool) and processes >= 1):
+        raise ConfigError(f"trainer.num_processes={processes!r} must be a positive integer or 'auto'.")
+    cores = os.cpu_count() or 1
+    if processes != "auto" and processes > cores:  # each process needs a core of its own (a GPU has more)
+        raise ConfigError(
+            f"trainer.num_processes={processes} is more than this machine's {cores} CPU cores; start at most "
+            f"{cores} processes per node (trainer.num_nodes spreads a run over machines)."
+        )
+    _at_least(cfg, "trainer.num_nodes", 1)
+    if not 0 <= cfg.trainer.node_rank < cfg.trainer.num_nodes:
+        raise ConfigError(
+            f"trainer.node_rank={cfg.trainer.node_rank} must be between 0 and trainer.num_nodes-1 "
+            f"({cfg.trainer.num_nodes - 1})."
+        )
+    _at_least(cfg, "trainer.max_epochs", 1)
+    _at_least(cfg, "trainer.max_steps", 1, optional=True)
+    _at_least(cfg, "trainer.gradient_accumulation_steps", 1)
+    _at_least(cfg, "trainer.max_restarts", 0)
+    _at_least(cfg, "trainer.rdzv_timeout", 1)
+    if cfg.trainer.max_grad_norm is not None and cfg.trainer.max_grad_norm <= 0:
+        raise ConfigError(f"trainer.max_grad_norm={cfg.trainer.max_grad_norm} must be positive (or null).")
+    for cadence in ("log_every_n_steps", "eval_every_n_steps", "checkpoint_every_n_steps"):
+        _at_least(cfg, f"trainer.{cadence}", 1, optional=True)
+    _at_least(cfg, "data.batch_size", 1)
+    _at_least(cfg, "data.eval_batch_size", 1)
+    _at_least(cfg, "data.num_workers", 0)
+    _check_data(cfg)
+    _at_least(cfg, "project.total_limit", 1, optional=True)
+    _at_least(cfg, "project.iteration", 0)
+    if not 0 <= cfg.seed < 2**63:
+        raise ConfigError(f"seed={cfg.seed} must be between 0 and 2**63-1 (torch's generators take 64 bits).")
+    _check_option_values(cfg)
+    _choice(cfg, "tracker.name", TRACKERS)
+    _choice(cfg, "parallel.strategy", STRATEGIES)
+    if cfg.parallel.strategy == "fsdp":
+        _choice(cfg, "parallel.state_dict", ("sharded", "full"))
+    several = (processes != "auto" and processes > 1) or cfg.trainer.num_nodes > 1
+    if several and cfg.parallel.strategy == "none":
+        raise ConfigError(
+            f"trainer.num_processes={processes} with trainer.num_nodes={cfg.trainer.num_nodes} needs a parallel "
+            "strategy; add parallel=ddp or parallel=fsdp (or set trainer.num_processes=1)."
+        )
+    if cfg.trainer.num_nodes > 1 and not cfg.trainer.rdzv_endpoint:
+        raise ConfigError(
+            "trainer.num_nodes > 1 needs trainer.rdzv_endpoint=HOST:PORT, the address every node can reach."
+        )
+    if cfg.trainer.num_nodes > 1 and not cfg.project.project_dir:
+        raise ConfigError(
+            "trainer.num_nodes > 1 needs project.project_dir set to the same shared folder on every node, so all "
+            "nodes write one run."
+        )
+    recipe_module(cfg.recipe)
+    _check_loss_and_metrics(cfg)
+    _check_recipe_fits(cfg)
+    _check_objective(cfg)
+
+
+def _check_option_values(cfg: DictConfig) -> None:
+    """Values the built-in options' schemas type but do not bound (where the option has the key)."""
+    lr = OmegaConf.select(cfg, "optimizer.lr")
+    if isinstance(lr, (int, float)) and not (math.isfinite(lr) and lr > 0):
+        hint = " (0 trains nothing)" if lr == 0 else ""
+        raise ConfigError(f"optimizer.lr={lr} must be a positive number{hint}, e.g. optimizer.lr=1e-3.")
+    warmup = OmegaConf.select(cfg, "scheduler.warmup_steps")
+    if isinstance(warmup, int) and warmup < 0:
+        raise ConfigError(f"scheduler.warmup_steps={warmup} must be at least 0.")
+    ratio = OmegaConf.select(cfg, "scheduler.min_lr_ratio")
+    if isinstance(ratio, (int, float)) and not 0 <= ratio <= 1:
+        raise ConfigError(
+            f"scheduler.min_lr_ratio={ratio} must be between 0 and 1 (the final rate as a fraction of optimizer.lr)."
+        )
+    bucket = OmegaConf.select(cfg, "parallel.bucket_cap_mb")
+    if isinstance(bucket, (int, float)) and bucket <= 0:
+        raise ConfigError(f"parallel.bucket_cap_mb={bucket} must be positive (DDP's gradient bucket size in MiB).")
+
+
+def _is_node(value: Any) -> bool:
+    return isinstance(value, DictConfig) and "_target_" in value
+
+
+def _check_data(cfg: DictConfig) -> None:
+    """The datasets are ``_target_`` nodes, the loader options fit them, the presets' splits parse."""
+    data = cfg.data
+    if not _is_node(data.train):
+        raise ConfigError(
+            f"data.train={OmegaConf.select(cfg, 'data.train')!r} must be a node with a _target_ that builds the "
+            "train dataset, e.g. {_target_: mylab.data.MyDataset, ...}; see `python -m runner --cfg job data=mnist`."
+        )
+    if data.eval is not None and not _is_node(data.eval):
+        raise ConfigError(
+            f"data.eval={data.eval!r} must be a node with a _target_ that builds the eval dataset, or null for no "
+            "evaluation."
+        )
+    if data.collate_fn is not None and not (_is_node(data.collate_fn) and data.collate_fn.get("_partial_")):
+        raise ConfigError(
+            "data.collate_fn must be a _target_ node with _partial_: true (a function called with each list of "
+            "samples), or null for torch's default collation."
+        )
+    if data.persistent_workers and data.num_workers == 0:
+        raise ConfigError("data.persistent_workers=true needs worker processes; set data.num_workers to 1 or more.")
+    for key in ("train_split", "eval_split"):
+        if data[key] is not None:
+            check_split(f"data.{key}", data[key])
+    if data.val_fraction is not None and not 0 < data.val_fraction < 1:
+        raise ConfigError(f"data.val_fraction={data.val_fraction} must be between 0 and 1 (exclusive), e.g. 0.1.")
+    _at_least(cfg, "data.samples_per_epoch", 1, optional=True)
+
+
+def _check_loss_and_metrics(cfg: DictConfig) -> None:
+    loss = cfg.loss
+    supervised = RECIPES.get(cfg.recipe) == RECIPES["supervised"]
+    if not (loss == MODEL_COMPUTES_LOSS or _is_node(loss) or (loss is None and not supervised)):
+        raise ConfigError(
+            f"loss={loss!r} must be a _target_ node called as loss(outputs, targets) (e.g. "
+            "{_target_: torch.nn.CrossEntropyLoss}), or 'model' when the model returns its own loss."
+        )
+    metrics = cfg.metrics
+    if metrics is None:
+        return
+    if not isinstance(metrics, DictConfig):
+        raise ConfigError(f"metrics={metrics!r} must map names to _target_ nodes, e.g. {{accuracy: {{_target_: ..}}}}.")
+    for name, node in metrics.items():
+        if node is None:  # metrics.accuracy=null switches one off
+            continue
+        if "/" in str(name) or not _is_node(node):
+            raise ConfigError(
+                f"metrics.{name} must be a _target_ node of a metric (a torchmetrics Metric, or an object with "
+                "update(outputs, targets), compute() and reset()), under a name without '/'."
+            )
+
+
+def produced_metrics(cfg: DictConfig) -> list[str] | None:
+    """The metrics the built-in recipes log for ``cfg`` (None for a user's recipe: anything goes)."""
+    if cfg.recipe not in RECIPES:
+        return None
+    if cfg.recipe == "language_model":
+        return ["eval/loss", "eval/perplexity", "train/loss"]
+    if cfg.data.eval is None:
+        return ["train/loss"]
+    declared = [name for name, node in (cfg.metrics or {}).items() if node is not None]
+    return ["eval/loss", *(f"eval/{name}" for name in declared), "train/loss"]
+
+
+def _check_objective(cfg: DictConfig) -> None:
+    _choice(cfg, "objective.direction", DIRECTIONS)
+    produced = produced_metrics(cfg)
+    metric = cfg.objective.metric
+    if produced is None or metric in produced:
+        return
+    close = difflib.get_close_matches(metric, produced, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    why = " (data.eval is null, so nothing is evaluated)" if cfg.data.eval is None else ""
+    raise ConfigError(
+        f"objective.metric={metric!r} is not logged by this run{why}{hint}; choose one of {', '.join(produced)}."
+    )
+
+
+def _check_recipe_fits(cfg: DictConfig) -> None:
+    """The built-in recipes' needs: a dataset of their kind, and for the language model a context length."""
+    corpus = OmegaConf.select(cfg, "data.train._target_") == CHAR_CORPUS
+    language = cfg.recipe == "language_model"
+    if language and not corpus:
+        raise ConfigError(
+            f"recipe=language_model trains on {CHAR_CORPUS} (a character vocabulary and windows), not "
+            f"data.train._target_={OmegaConf.select(cfg, 'data.train._target_')!r}; use data=shakespeare_char "
+            "(or experiment=shakespeare_gpt)."
+        )
+    if language and OmegaConf.select(cfg, "model.block_size") is None:
+        raise ConfigError("recipe=language_model needs a model with a block_size; use model=gpt.")
+    if cfg.data.samples_per_epoch is not None and not language:
+        raise ConfigError(
+            f"data.samples_per_epoch applies to recipe=language_model, not recipe={cfg.recipe}; leave it null (an "
+            "epoch is one pass over the train dataset)."
+        )
+    supervised = RECIPES.get(cfg.recipe) == RECIPES["supervised"]
+    if supervised and corpus:
+        raise ConfigError(
+            f"recipe={cfg.recipe} cannot train on the text corpus {CHAR_CORPUS}; use recipe=language_model "
+            "(or experiment=shakespeare_gpt)."
+        )
+    gpt = OmegaConf.select(cfg, "model._target_") == GPTConfig._target_
+    if supervised and gpt:
+        raise ConfigError(f"recipe={cfg.recipe} cannot train model=gpt, a language model; use recipe=language_model.")
+    if language and cfg.metrics:
+        raise ConfigError(
+            "recipe=language_model logs its own eval/loss and eval/perplexity; set metrics={} (metrics are for "
+            "recipe=supervised)."
+        )
+    if gpt:
+        _at_least(cfg, "model.block_size", 1)
+        _at_least(cfg, "model.n_layer", 1)
+        _at_least(cfg, "model.n_head", 1)
+        if cfg.model.n_embd < 1 or cfg.model.n_embd % cfg.model.n_head:
+            raise ConfigError(
+                f"model.n_embd={cfg.model.n_embd} must be a positive multiple of model.n_head={cfg.model.n_head}."
+            )
+        if not 0 <= cfg.model.dropout < 1:
+            raise ConfigError(f"model.dropout={cfg.model.dropout} must be at least 0 and below 1.")
+
+
+def recipe_module(recipe: str) -> str:
+    """The module that holds ``recipe``'s ``train(cfg, accelerator)``; checked without importing it."""
+    module = RECIPES.get(recipe, recipe)
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None and recipe in RECIPES:
+        raise ConfigError(
+            f"recipe={recipe!r} lives in {module}, which is not importable; reinstall the project (pip install -e .)."
+        )
+    if found is None:
+        close = difflib.get_close_matches(recipe, RECIPES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"recipe={recipe!r} is neither a built-in recipe{hint} ({', '.join(RECIPES)}) nor an importable module; "
+            "pass a dotted path to a module with train(cfg, accelerator)."
+        )
+    return module
+
+
+def check_devices(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` when a GPU run asks for more processes than GPUs (imports torch)."""
+    import torch
+
+    processes = cfg.trainer.num_processes
+    visible = torch.cuda.device_count() if torch.cuda.is_available() and not cfg.trainer.cpu else 0
+    if visible and processes != "auto" and processes > visible:
+        raise ConfigError(
+            f"trainer.num_processes={processes} needs one GPU per process, but {visible} are visible; use at most "
+            f"{visible}, or trainer.cpu=true to run on the CPU."
+        )
+
+
+def check_hardware(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` when the precision asks for hardware this machine lacks (imports torch)."""
+    if cfg.trainer.mixed_precision != "fp8":
+        return
+    import torch
+
+    from runner.engine.precision import check_fp8_support
+
+    cuda = torch.cuda.is_available() and not cfg.trainer.cpu
+    try:
+        check_fp8_support(torch.device("cuda", 0) if cuda else torch.device("cpu"))
+    except ValueError as error:
+        raise ConfigError(str(error).replace("mixed_precision=", "trainer.mixed_precision=", 1)) from None
