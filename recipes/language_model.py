@@ -22,7 +22,8 @@ from torch.utils.data import DataLoader, RandomSampler
 from runner.components import build, build_datasets
 from runner.data.text import VOCAB_FILE, CharVocab
 from runner.engine import Accelerator, CheckpointError, set_seed
-from runner.layout import METRICS_FILE, MODEL_DIR
+from runner.files import write_text_atomically
+from runner.layout import METRICS_FILE, MODEL_DIR, SAMPLES_FILE
 from runner.training import (
     TrainingLoop,
     TrainingProgress,
@@ -36,7 +37,6 @@ from runner.training import (
 
 logger = logging.getLogger("runner")
 
-SAMPLES_FILE = "samples.txt"
 SAMPLE_COUNT, SAMPLE_LENGTH, SAMPLE_TEMPERATURE, SAMPLE_TOP_K = 3, 300, 0.8, 40
 
 
@@ -171,7 +171,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     samples = generate_samples(model, vocab, accelerator, seed=cfg.seed)
     if accelerator.is_main_process:
         vocab.save(project_dir / MODEL_DIR / VOCAB_FILE)
-        (project_dir / SAMPLES_FILE).write_text("\n\n---\n\n".join(samples) + "\n", encoding="utf-8")
+        write_text_atomically(project_dir / SAMPLES_FILE, "\n\n---\n\n".join(samples) + "\n")
         summary = {**loop.metrics, "step": progress.step, "epoch": train_loader.iteration}
         write_metrics(project_dir / METRICS_FILE, summary)
     accelerator.end_training()

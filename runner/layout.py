@@ -3,6 +3,7 @@
 <run>/run.log              every rank's log lines (rank 0's, and any rank's warnings)
 <run>/logs/                TensorBoard events
 <run>/metrics.json         the final metrics and step
+<run>/samples.txt          text the language-model recipe generates at the end
 <run>/model/               the final weights (model.safetensors; Hugging Face's config.json for its models)
 <run>/.hydra/              Hydra's record of the composed config and the overrides typed
 <run>/checkpoints/checkpoint_N/config.yaml, overrides.yaml   the run's config and overrides, in every checkpoint
@@ -17,6 +18,7 @@ LOG_FILE = "run.log"
 LOGS_DIR = "logs"
 METRICS_FILE = "metrics.json"
 MODEL_DIR = "model"
+SAMPLES_FILE = "samples.txt"
 HYDRA_DIR = ".hydra"
 HYDRA_OVERRIDES_FILE = "overrides.yaml"  # in HYDRA_DIR: the overrides as typed
 CONFIG_FILE = "config.yaml"  # in each checkpoint: the resolved config a resume starts from

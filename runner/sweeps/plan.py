@@ -13,6 +13,7 @@ from pathlib import Path
 
 from runner.layout import HYDRA_DIR, HYDRA_OVERRIDES_FILE, LOG_FILE
 from runner.sweeps.jobs import FINISHED, read_job
+from runner.sweeps.report import SUMMARY_MD
 from runner.sweeps.summary import summarise
 
 
@@ -55,7 +56,7 @@ def exit_with_failures(sweep_dir: Path, failures: list[tuple[Path, list[str]]]) 
     error = (read_job(folder) or {}).get("error") or f"see {folder / LOG_FILE}"
     print(
         f"runner: error: {len(failures)} sweep job(s) failed, first {folder} ({' '.join(overrides)}): {error} "
-        f"(all errors in {sweep_dir / 'summary.md'}; re-run the same command to retry them).",
+        f"(all errors in {sweep_dir / SUMMARY_MD}; re-run the same command to retry them).",
         file=sys.stderr,
     )
     sys.exit(1)

@@ -28,7 +28,8 @@ from runner.files import write_atomically, write_text_atomically
 from runner.layout import HYDRA_DIR, HYDRA_OVERRIDES_FILE, LOGS_DIR, METRICS_FILE
 from runner.sweeps.jobs import JOB_FILE, read_job, swept_keys
 
-SUMMARY_FILES = ("summary.csv", "summary.md", "summary.png")
+SUMMARY_CSV, SUMMARY_MD, SUMMARY_PNG = "summary.csv", "summary.md", "summary.png"  # in the sweep folder
+SUMMARY_FILES = (SUMMARY_CSV, SUMMARY_MD, SUMMARY_PNG)
 LOSS = "train/loss"
 
 
@@ -160,10 +161,10 @@ def write_summary(sweep_dir: str | os.PathLike, *, plot: bool = True, jobs: list
     jobs = collect(sweep_dir) if jobs is None else jobs
     keys = swept_keys([job.overrides for job in jobs])
     metric_names = sorted({name for job in jobs for name, value in job.metrics.items() if _is_number(value)})
-    _write_atomic(sweep_dir / "summary.csv", _csv(jobs, keys, metric_names))
-    _write_atomic(sweep_dir / "summary.md", _markdown(sweep_dir, jobs, keys))
+    _write_atomic(sweep_dir / SUMMARY_CSV, _csv(jobs, keys, metric_names))
+    _write_atomic(sweep_dir / SUMMARY_MD, _markdown(sweep_dir, jobs, keys))
     if plot:
-        _plot(sweep_dir / "summary.png", jobs, keys)
+        _plot(sweep_dir / SUMMARY_PNG, jobs, keys)
     return jobs
 
 
@@ -331,5 +332,5 @@ def main(argv: list[str] | None = None) -> int:
               "folder.", file=sys.stderr)  # fmt: skip
         return 2
     write_summary(sweep_dir, plot=not args.no_plot, jobs=jobs)
-    print((sweep_dir / "summary.md").read_text(), end="")
+    print((sweep_dir / SUMMARY_MD).read_text(), end="")
     return 0

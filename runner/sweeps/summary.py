@@ -26,7 +26,7 @@ class SweepSummary(Callback):
 
 
 def summarise(sweep_dir: Path, *, plot: bool) -> None:
-    from runner.sweeps.report import write_summary
+    from runner.sweeps.report import SUMMARY_MD, write_summary
 
     try:
         write_summary(sweep_dir, plot=plot)
@@ -34,4 +34,4 @@ def summarise(sweep_dir: Path, *, plot: bool) -> None:
         logger.warning("Could not write the sweep summary in %s: %s", sweep_dir, error)
     else:
         if plot:
-            logger.info("Sweep summary: %s", sweep_dir / "summary.md")
+            logger.info("Sweep summary: %s", sweep_dir / SUMMARY_MD)
