@@ -31,9 +31,7 @@ def main() -> None:
 
     register_configs()
     import_from_working_directory()
-    # conf/hydra/launcher/joblib.yaml and conf/hydra/sweeper/basic.yaml take the place of the plugins'
-    # own configs of those names on purpose, and are checked against their schemas: no warning for that.
-    warnings.filterwarnings("ignore", message=r"\s*'hydra/(launcher/joblib|sweeper/basic)' is validated against")
+    quiet_plugin_schema_warning()
     argv = sys.argv[1:]
     lock = None
     try:
@@ -94,6 +92,16 @@ def _names_run_dir(command) -> bool:
     from runner import overrides as parsed
 
     return parsed.sets(command.overrides, "hydra.run.dir")
+
+
+def quiet_plugin_schema_warning() -> None:
+    """No warning that conf/hydra/launcher/joblib.yaml and conf/hydra/sweeper/basic.yaml are checked against
+    the plugins' schemas of those names: they take the place of the plugins' own configs on purpose.
+
+    Every process that composes a config calls it: this one, and a launcher's worker processes (see
+    :class:`~runner.cli.app.HydraApp`).
+    """
+    warnings.filterwarnings("ignore", message=r"\s*'hydra/(launcher/joblib|sweeper/basic)' is validated against")
 
 
 def import_from_working_directory() -> None:

@@ -41,6 +41,13 @@ class HydraApp:
     def __call__(self, cfg: DictConfig) -> float | None:
         return main(cfg, self.command)
 
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled in a launcher's worker process (joblib's), which composes its job's config itself."""
+        from runner.cli import quiet_plugin_schema_warning
+
+        self.__dict__.update(state)
+        quiet_plugin_schema_warning()
+
 
 def run_hydra(command: CommandLine) -> None:
     """Let Hydra compose and run ``command`` (its run folder, logging, record, sweeps and launchers)."""
