@@ -9,20 +9,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
 from runner.engine import ops
-from runner.engine.checkpoint import (
-    Checkpointer,
-    ProjectConfiguration,
-    is_stateful,
-)
+from runner.engine.checkpoint import Checkpointer, is_stateful
+from runner.engine.checkpoint_folders import ProjectConfiguration
 from runner.engine.constants import MIXED_PRECISION_ENV
 from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader
-from runner.engine.distributed import DistributedType, init_process_group, read_environment
+from runner.engine.distributed import DistributedType, barrier, init_process_group, read_environment
 from runner.engine.loaders import prepare_data_loader
 from runner.engine.memory import release_memory
 from runner.engine.optimizer import (
@@ -37,7 +33,6 @@ from runner.engine.parallel import (
     select_strategy,
     unwrap_module,
 )
-from runner.engine.parallel.fsdp import parameter_names, repoint_optimizer
 from runner.engine.precision import (
     AutocastKwargs,
     GradScalerKwargs,
@@ -46,6 +41,7 @@ from runner.engine.precision import (
     parse_mixed_precision,
     remove_autocast,
 )
+from runner.engine.prepared import PreparedObjects
 from runner.engine.rng import synchronize_rng_states
 from runner.engine.serialization import save_model_files, save_safetensors
 from runner.engine.tracking import GeneralTracker, build_trackers
@@ -245,15 +241,16 @@ class Accelerator:
         elif len(device_placement) != len(args):
             raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects.")
         prepared = list(args)
-        # Models first: under FSDP sharding replaces their parameters, which optimizers must then hold.
+        # Models first: a strategy that replaces their parameters (FSDP shards them) makes the
+        # optimizers built from them hold the new ones before the optimizers are prepared.
         models = [obj for obj in args if isinstance(obj, nn.Module)]
-        before = parameter_names(models) if self._strategy.name == "fsdp" else None
-        for i, (obj, place) in enumerate(zip(args, device_placement, strict=True)):
-            if isinstance(obj, nn.Module):
-                prepared[i] = self._prepare_one(obj, device_placement=place)
-        for obj in args:
-            if before and isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer):
-                repoint_optimizer(obj, before)
+        optimizers = [
+            obj for obj in args if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer)
+        ]
+        with self._strategy.preparing_models(models, optimizers):
+            for i, (obj, place) in enumerate(zip(args, device_placement, strict=True)):
+                if isinstance(obj, nn.Module):
+                    prepared[i] = self._prepare_one(obj, device_placement=place)
         for i, (obj, place) in enumerate(zip(args, device_placement, strict=True)):
             if not isinstance(obj, (nn.Module, *_SCHEDULER_TYPES)):
                 prepared[i] = self._prepare_one(obj, device_placement=place)
@@ -423,8 +420,7 @@ class Accelerator:
 
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point."""
-        if self.use_distributed:
-            dist.barrier()
+        barrier(self.state)
 
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:
@@ -598,7 +594,13 @@ class Accelerator:
             ValueError: No folder was given and naming is not automatic.
             CheckpointError: ``output_dir`` holds something other than a checkpoint.
         """
-        target = self._checkpointer.save(self, output_dir, metadata=metadata, async_commit=async_commit)
+        target = self._checkpointer.save(
+            self._prepared_objects(),
+            output_dir,
+            project=self.project_configuration,
+            metadata=metadata,
+            async_commit=async_commit,
+        )
         return str(target)
 
     def wait_for_checkpoint(self) -> None:
@@ -607,7 +609,7 @@ class Accelerator:
         Every process must call this (``save_state``, ``load_state`` and ``end_training`` do): rank 0
         waits for its commit, then tells every rank how it went, so all of them raise alike.
         """
-        self._checkpointer.wait(self)
+        self._checkpointer.wait()
 
     def load_state(self, input_dir: str | os.PathLike | None = None, *, verify_checksums: bool = True) -> None:
         """Restore what :meth:`save_state` saved; every process must call this after ``prepare``.
@@ -622,7 +624,22 @@ class Accelerator:
             CheckpointError: One sentence naming the file that is missing, truncated or corrupted,
                 or the keys of a model that does not fit.
         """
-        self._checkpointer.load(self, input_dir, verify_checksums=verify_checksums)
+        self._checkpointer.load(
+            self._prepared_objects(), input_dir, project=self.project_configuration, verify_checksums=verify_checksums
+        )
+
+    def _prepared_objects(self) -> PreparedObjects:
+        return PreparedObjects(
+            env=self.state,
+            strategy=self._strategy,
+            gradient_state=self.gradient_state,
+            models=tuple(self._models),
+            optimizers=tuple(self._optimizers),
+            schedulers=tuple(self._schedulers),
+            dataloaders=tuple(self._dataloaders),
+            custom_objects=tuple(self._custom_objects),
+            scaler=self.scaler,
+        )
 
     # ---------------------------------------------------------------------------------------- trackers
     def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:

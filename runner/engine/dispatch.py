@@ -1,6 +1,6 @@
 """Loaders for iterable datasets, and loaders whose batches rank 0 loads and sends to every rank.
 
-Both keep the global batches of :mod:`runner.engine.data`: rank ``r`` gets the r-th slice of every
+Both keep the global batches of :mod:`runner.engine.sampling`: rank ``r`` gets the r-th slice of every
 ``batch_size * num_processes`` consecutive samples, and the short last global batch is padded (with
 ``even_batches``) from the start of the epoch, so ``gather_for_metrics`` returns each sample once.
 
@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
-from runner.engine.data import PreparedDataLoader, ShardedBatchSampler, Sharding
+from runner.engine.data import PreparedDataLoader
+from runner.engine.sampling import ShardedBatchSampler, Sharding
 
 _END = object()
 

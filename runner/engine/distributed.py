@@ -111,6 +111,12 @@ def read_environment(*, cpu: bool = False) -> DistributedEnvironment:
     )
 
 
+def barrier(env: DistributedEnvironment) -> None:
+    """Block until every process of ``env``'s job reaches this point (a single process has nobody to wait for)."""
+    if env.is_distributed:
+        dist.barrier()
+
+
 def init_process_group(env: DistributedEnvironment, *, timeout: timedelta | None = None) -> None:
     """Join the default process group described by ``env`` unless this process already has one.
 
@@ -171,7 +177,7 @@ def _destroy_process_group() -> None:
     releasing a tensor that has a Python object takes the GIL, and a thread that asks for the GIL
     while the interpreter finalizes aborts the process ("terminate called without an active
     exception"). A short sleep, with the GIL released, lets a descheduled thread finish first. The
-    runner's own workers leave without finalizing at all (runner.worker.exit_without_finalizing).
+    runner's own workers leave without finalizing at all (runner.launch.worker.exit_without_finalizing).
     """
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -1,26 +1,22 @@
 """``prepare`` for a DataLoader: rebuild it over this rank's shard, as a map-style, streamed or dispatched loader.
 
-:mod:`runner.engine.data` holds the sharding arithmetic and the map-style loader, :mod:`runner.engine.dispatch`
-the loaders for streams and for batches rank 0 loads; this module chooses between them.
+:mod:`runner.engine.sampling` holds the sharding arithmetic and the samplers, :mod:`runner.engine.data` the
+map-style loader, :mod:`runner.engine.dispatch` the loaders for streams and for batches rank 0 loads; this module
+chooses between them.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from runner.engine import dispatch
-from runner.engine.data import (
-    DataLoaderConfiguration,
-    PreparedDataLoader,
-    SeedableRandomSampler,
-    ShardedBatchSampler,
-    Sharding,
-    seeded_worker_init_fn,
-)
+from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader
+from runner.engine.sampling import SeedableRandomSampler, ShardedBatchSampler, Sharding, seeded_worker_init_fn
 
 _LOADER_OPTIONS = (
     "num_workers",
@@ -68,14 +64,7 @@ def prepare_data_loader(
         ValueError: For a loader without batching or with a custom batch sampler, which cannot be
             sharded, and for settings that cannot shard exactly (see the messages).
     """
-    if dataloader.batch_sampler is None:
-        raise ValueError("prepare() needs a batched DataLoader; set batch_size (not None) when building it.")
-    batch_sampler = dataloader.batch_sampler
-    if type(batch_sampler) is not BatchSampler:
-        raise ValueError(
-            f"prepare() cannot shard a custom batch_sampler ({type(batch_sampler).__name__}); pass a "
-            "sampler and batch_size to the DataLoader instead."
-        )
+    batch_sampler = _plain_batch_sampler(dataloader)
     iterable = isinstance(dataloader.dataset, IterableDataset)
     sharding = Sharding.create(
         batch_sampler.batch_size,
@@ -86,12 +75,7 @@ def prepare_data_loader(
         even_batches=config.even_batches,
     )
     seed = _shuffle_seed(dataloader, broadcast_seed)
-    options = {name: getattr(dataloader, name) for name in _LOADER_OPTIONS if hasattr(dataloader, name)}
-    if options.get("num_workers", 0) == 0:
-        options.pop("prefetch_factor", None)
-        options.pop("persistent_workers", None)
-    elif not iterable:  # workers load whole batches of indices: each one's random draws are seeded (SeededBatch)
-        options["worker_init_fn"] = seeded_worker_init_fn(options.get("worker_init_fn"))
+    options = _loader_options(dataloader, iterable=iterable)
     common = {
         "device": device,
         "gradient_state": gradient_state,
@@ -103,18 +87,7 @@ def prepare_data_loader(
     }
     dispatch_batches = iterable if config.dispatch_batches is None else config.dispatch_batches
     if num_processes > 1 and dispatch_batches:
-        if iterable:
-            return dispatch.DispatchedDataLoader(
-                dataloader.dataset,
-                batch_size=sharding.global_batch_size,
-                drop_last=sharding.drop_last,
-                comm_device=comm_device,
-                **common,
-            )
-        sampled = _sharded_sampler(dataloader, sharding, seed)
-        return dispatch.DispatchedDataLoader(
-            dataloader.dataset, batch_sampler=dispatch.GlobalBatches(sampled), comm_device=comm_device, **common
-        )
+        return _dispatched_loader(dataloader, comm_device=comm_device, iterable=iterable, **common)
     if iterable:
         if options.get("num_workers", 0) > 0 and num_processes > 1:
             raise ValueError(
@@ -125,6 +98,49 @@ def prepare_data_loader(
         shard = dispatch.IterableDatasetShard(dataloader.dataset, sharding)
         return dispatch.ShardedIterableLoader(shard, batch_size=sharding.per_process, **common)
     return PreparedDataLoader(dataloader.dataset, batch_sampler=_sharded_sampler(dataloader, sharding, seed), **common)
+
+
+def _plain_batch_sampler(dataloader: DataLoader) -> BatchSampler:
+    """The loader's batch sampler, which must be torch's own (a custom one cannot be sharded)."""
+    if dataloader.batch_sampler is None:
+        raise ValueError("prepare() needs a batched DataLoader; set batch_size (not None) when building it.")
+    batch_sampler = dataloader.batch_sampler
+    if type(batch_sampler) is not BatchSampler:
+        raise ValueError(
+            f"prepare() cannot shard a custom batch_sampler ({type(batch_sampler).__name__}); pass a "
+            "sampler and batch_size to the DataLoader instead."
+        )
+    return batch_sampler
+
+
+def _loader_options(dataloader: DataLoader, *, iterable: bool) -> dict[str, Any]:
+    """The loader's own options that the prepared loader keeps (worker seeding added for map-style data)."""
+    options = {name: getattr(dataloader, name) for name in _LOADER_OPTIONS if hasattr(dataloader, name)}
+    if options.get("num_workers", 0) == 0:
+        options.pop("prefetch_factor", None)
+        options.pop("persistent_workers", None)
+    elif not iterable:  # workers load whole batches of indices: each one's random draws are seeded (SeededBatch)
+        options["worker_init_fn"] = seeded_worker_init_fn(options.get("worker_init_fn"))
+    return options
+
+
+def _dispatched_loader(
+    dataloader: DataLoader, *, comm_device: torch.device | None, iterable: bool, **common: Any
+) -> dispatch.DispatchedDataLoader:
+    """A loader whose global batches rank 0 loads and sends to every rank (``common``: the loader's settings)."""
+    sharding = common["sharding"]
+    if iterable:
+        return dispatch.DispatchedDataLoader(
+            dataloader.dataset,
+            batch_size=sharding.global_batch_size,
+            drop_last=sharding.drop_last,
+            comm_device=comm_device,
+            **common,
+        )
+    sampled = _sharded_sampler(dataloader, sharding, common["seed"])
+    return dispatch.DispatchedDataLoader(
+        dataloader.dataset, batch_sampler=dispatch.GlobalBatches(sampled), comm_device=comm_device, **common
+    )
 
 
 def _sharded_sampler(dataloader: DataLoader, sharding: Sharding, seed: int) -> ShardedBatchSampler:

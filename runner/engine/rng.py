@@ -8,23 +8,37 @@ from typing import Any
 
 import torch
 
+from runner.engine.distributed import DistributedEnvironment, read_environment
+
 try:  # numpy is optional: torch does not need it, but many data pipelines draw from it.
     import numpy as np
 except ImportError:  # pragma: no cover - numpy is present wherever tensorboard is
     np = None
 
 
-def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
+def set_seed(
+    seed: int,
+    device_specific: bool = False,
+    deterministic: bool = False,
+    *,
+    env: DistributedEnvironment | None = None,
+) -> None:
     """Seed ``random``, ``numpy`` and ``torch`` (all devices).
 
     Args:
         seed: The seed.
-        device_specific: Add this process's rank, so each rank draws a different stream.
+        device_specific: Add this process's index (its rank), so each rank draws a different stream.
         deterministic: Also ask torch for deterministic algorithms (slower on GPU; errors where
             an operation has no deterministic implementation).
+        env: Where this process runs (``accelerator.state``); by default read from the environment
+            as an Accelerator reads it (see :func:`runner.engine.distributed.read_environment`).
+
+    Example:
+        >>> set_seed(42, device_specific=True)  # rank r seeds with 42 + r
     """
     if device_specific:
-        seed += int(os.environ.get("RANK", "0") or 0)
+        # Only the rank is needed (cpu=True: LOCAL_RANK is not checked against the visible GPUs).
+        seed += (env if env is not None else read_environment(cpu=True)).rank
     random.seed(seed)
     if np is not None:
         np.random.seed(seed % 2**32)

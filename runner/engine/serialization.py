@@ -202,18 +202,6 @@ def save_model_files(
     )
     previous = _recorded_files(directory)
     _refuse_shadowing_weights(directory, index_name, previous)
-
-    def write_shard(shard: dict[str, torch.Tensor], path: Path) -> None:
-        # Each shard records only the aliases of tensors it holds, so it loads on its own.
-        shard_aliases = {alias: target for alias, target in aliases.items() if target in shard}
-        if safe_serialization:
-            metadata = {"format": "pt", _ALIASES_KEY: json.dumps(shard_aliases)}
-            write_atomically(path, lambda p: _save_file(shard, p, metadata))
-        else:
-            shard_with_aliases = dict(shard)
-            shard_with_aliases.update({alias: shard[target] for alias, target in shard_aliases.items()})
-            write_atomically(path, lambda p: torch_save(shard_with_aliases, p))
-
     names = (
         [single]
         if len(shards) == 1
@@ -221,7 +209,7 @@ def save_model_files(
     )
     weight_map: dict[str, str] = {}
     for name, shard in zip(names, shards, strict=True):
-        write_shard(shard, directory / name)
+        _write_shard(shard, directory / name, aliases, safe_serialization=safe_serialization)
         weight_map.update(dict.fromkeys(shard, name))
     weight_map.update({alias: weight_map[target] for alias, target in aliases.items()})
     total_size = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -232,6 +220,20 @@ def save_model_files(
     for name in sorted(previous - {path.name for path in written}):
         _remove_regular_file(directory / name)
     return written
+
+
+def _write_shard(
+    shard: dict[str, torch.Tensor], path: Path, aliases: dict[str, str], *, safe_serialization: bool
+) -> None:
+    # Each shard records only the aliases of tensors it holds, so it loads on its own.
+    shard_aliases = {alias: target for alias, target in aliases.items() if target in shard}
+    if safe_serialization:
+        metadata = {"format": "pt", _ALIASES_KEY: json.dumps(shard_aliases)}
+        write_atomically(path, lambda p: _save_file(shard, p, metadata))
+    else:
+        shard_with_aliases = dict(shard)
+        shard_with_aliases.update({alias: shard[target] for alias, target in shard_aliases.items()})
+        write_atomically(path, lambda p: torch_save(shard_with_aliases, p))
 
 
 def _weights_directory(directory: Path) -> Path:

@@ -1,19 +1,23 @@
 """Parallel strategies: one module each, behind one small interface, chosen once per Accelerator.
 
-A strategy wraps a plain ``nn.Module`` (models never know how they are parallelised), provides the
-context that skips gradient synchronisation during accumulation, the model's full state dict, and
-the total norm of its gradients.
+A strategy wraps a plain ``nn.Module`` (models never know how they are parallelised) and keeps the
+optimizers built from it pointing at its parameters, provides the context that skips gradient
+synchronisation during accumulation, the model's full state dict and the total norm of its
+gradients, and owns the models' and optimizers' state in a checkpoint: how it is written and read,
+and the format the manifest records (see :mod:`runner.engine.parallel.base`).
 """
 
 from __future__ import annotations
 
 from runner.engine.distributed import DistributedEnvironment
-from runner.engine.parallel.base import ParallelStrategy, unwrap_module
+from runner.engine.parallel.base import CheckpointReader, CheckpointWriter, ParallelStrategy, unwrap_module
 from runner.engine.parallel.ddp import DDPStrategy, DistributedDataParallelKwargs
 from runner.engine.parallel.fsdp import FSDPStrategy, FullyShardedDataParallelPlugin
 from runner.engine.parallel.none import SingleProcessStrategy
 
 __all__ = [
+    "CheckpointReader",
+    "CheckpointWriter",
     "DDPStrategy",
     "DistributedDataParallelKwargs",
     "FSDPStrategy",

@@ -1,18 +1,76 @@
-"""The interface every parallel strategy implements."""
+"""The interface every parallel strategy implements, and what the strategies that replicate the model share.
+
+A strategy owns its models' and optimizers' state on disk: ``save_state`` hands it the checkpoint
+folder being written (a :class:`CheckpointWriter`) and ``load_state`` the committed folder being
+read (a :class:`CheckpointReader`); the strategy decides how the state is gathered or sharded and
+which files hold it, and reports that as its ``checkpoint_format``, which the manifest records.
+Everything else in a checkpoint (schedulers, scaler, RNG states, registered objects, data position)
+is the same under every strategy and stays with :mod:`runner.engine.checkpoint`.
+
+The replicated format (``"safetensors"``): ``model.safetensors``, ``model_1.safetensors``, ... and
+``optimizer.bin``, ``optimizer_1.bin``, ... written by rank 0. Replicated strategies write and
+read it with the functions below; FSDP writes it too under ``FULL_STATE_DICT``, after gathering.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
 
+import torch
 from torch import nn
+
+from runner.engine.constants import MODEL_NAME, OPTIMIZER_NAME, indexed_name
+from runner.engine.manifest import CheckpointError
+
+
+class CheckpointWriter(Protocol):
+    """A checkpoint folder being saved (under its temporary name): every file goes in through it."""
+
+    path: Path
+
+    def save_tensors(self, tensors: Mapping[str, torch.Tensor], name: str) -> None:
+        """Write ``tensors`` as the safetensors file ``name`` (tied tensors stored once)."""
+
+    def save_object(self, obj: Any, name: str) -> None:
+        """Write ``obj`` (plain values and tensors) with ``torch.save`` as the file ``name``, atomically."""
+
+
+class CheckpointReader(Protocol):
+    """A committed checkpoint being loaded: only data, and only the files its manifest lists, are read."""
+
+    path: Path
+    state_format: str  # the checkpoint_format of the strategy that saved it
+
+    def require(self, name: str) -> Path:
+        """``path / name``; a CheckpointError when the manifest does not list it (other objects were saved)."""
+
+    def listed_in(self, folder: str) -> set[str]:
+        """The files the manifest lists in a DCP ``folder`` (its ``.metadata`` aside), relative to it."""
+
+    def load_tensors(self, name: str) -> dict[str, torch.Tensor]:
+        """The safetensors file ``name``, on the CPU."""
+
+    def load_object(self, name: str) -> Any:
+        """The ``torch.save`` file ``name``, read with ``weights_only=True``, on the CPU."""
 
 
 class ParallelStrategy(Protocol):
     name: str
+    # How save_state writes models and optimizers, recorded in the manifest as its state_format:
+    # "safetensors" (whole state dicts, written by rank 0) or "dcp" (every rank's shards).
+    checkpoint_format: str
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """Return ``model`` (already on its device) ready for parallel training."""
+
+    def preparing_models(
+        self, models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer]
+    ) -> contextlib.AbstractContextManager:
+        """A context in which ``prepare`` wraps ``models``; after it, ``optimizers`` built from them hold
+        the wrapped models' parameters (FSDP replaces every parameter; replicated strategies keep them)."""
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """A context in which backward accumulates local gradients without communicating."""
@@ -23,9 +81,46 @@ class ParallelStrategy(Protocol):
     def total_norm(self, norm):
         """The gradients' total norm as clip_grad_norm_ returned it, as a plain tensor."""
 
+    def checkpoint_weights(self, models: Sequence[nn.Module]) -> list[dict[str, torch.Tensor]] | None:
+        """What save_state's pre-hooks may edit of each (unwrapped) model before the save writes it (removing an
+        entry leaves that model out), or None where the weights are shards the save gathers or writes itself
+        (the hooks then get an empty list, and every model is saved)."""
+
+    def check_save(self, *, mid_cycle: bool) -> None:
+        """Raise CheckpointError if this strategy cannot save now (``mid_cycle``: an accumulation cycle is open)."""
+
+    def save_model_state(
+        self,
+        folder: CheckpointWriter,
+        models: Sequence[nn.Module],
+        optimizers: Sequence[Any],
+        *,
+        weights: Sequence[dict[str, torch.Tensor]] | None,
+        rank: int,
+    ) -> None:
+        """Write the models' and (prepared) optimizers' state into ``folder``, in ``checkpoint_format``.
+
+        Every rank calls it (a collective when the state is sharded); ``weights`` is what
+        :meth:`checkpoint_weights` returned, after the hooks.
+        """
+
+    def check_load(self, checkpoint: CheckpointReader) -> None:
+        """Raise CheckpointError if this strategy cannot load the checkpoint's ``state_format``."""
+
+    def load_model_state(
+        self, checkpoint: CheckpointReader, models: Sequence[nn.Module], optimizers: Sequence[Any]
+    ) -> None:
+        """Load the checkpoint's model and optimizer state into ``models`` and ``optimizers`` (every rank calls it).
+
+        Raises:
+            CheckpointError: A file is not listed, or does not fit the prepared model.
+        """
+
 
 class ReplicatedModelStrategy:
-    """What strategies that keep a whole model on every rank share."""
+    """What strategies that keep a whole model on every rank share: its checkpoints hold whole state dicts."""
+
+    checkpoint_format = "safetensors"
 
     def full_state_dict(self, model: nn.Module) -> dict:
         return unwrap_module(model).state_dict()
@@ -33,6 +128,80 @@ class ReplicatedModelStrategy:
     @staticmethod
     def total_norm(norm):
         return norm
+
+    def preparing_models(
+        self, models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer]
+    ) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # wrapping keeps every parameter: the optimizers already hold them
+
+    def checkpoint_weights(self, models: Sequence[nn.Module]) -> list[dict[str, torch.Tensor]]:
+        return [model.state_dict() for model in models]
+
+    def check_save(self, *, mid_cycle: bool) -> None:
+        pass  # pending gradients are whole on every rank, and saved per rank
+
+    def save_model_state(
+        self,
+        folder: CheckpointWriter,
+        models: Sequence[nn.Module],
+        optimizers: Sequence[Any],
+        *,
+        weights: Sequence[dict[str, torch.Tensor]] | None,
+        rank: int,
+    ) -> None:
+        if rank != 0:
+            return  # every rank holds the same state: the main process writes it
+        weights = weights if weights is not None else [model.state_dict() for model in models]
+        save_whole_state(folder, weights, [optimizer.state_dict() for optimizer in optimizers])
+
+    def check_load(self, checkpoint: CheckpointReader) -> None:
+        if checkpoint.state_format == "dcp":
+            raise CheckpointError(
+                f"{checkpoint.path} holds FSDP's sharded model and optimizer state, but the prepared models are not "
+                "sharded; prepare them with an FSDP plugin (on any number of processes) to load it."
+            )
+
+    def load_model_state(
+        self, checkpoint: CheckpointReader, models: Sequence[nn.Module], optimizers: Sequence[Any]
+    ) -> None:
+        for i, model in enumerate(models):
+            _load_whole_model(checkpoint, indexed_name(MODEL_NAME, i, ".safetensors"), model)
+        for i, optimizer in enumerate(optimizers):
+            optimizer.load_state_dict(load_optimizer_file(checkpoint, i))
+
+
+def save_whole_state(
+    folder: CheckpointWriter, weights: Sequence[dict[str, torch.Tensor]], optimizer_states: Sequence[dict]
+) -> None:
+    """Write whole model and optimizer states in the replicated format (on the rank that holds them)."""
+    for i, state_dict in enumerate(weights):
+        folder.save_tensors(state_dict, indexed_name(MODEL_NAME, i, ".safetensors"))
+    for i, optimizer_state in enumerate(optimizer_states):
+        folder.save_object(optimizer_state, indexed_name(OPTIMIZER_NAME, i, ".bin"))
+
+
+def load_optimizer_file(checkpoint: CheckpointReader, index: int) -> dict:
+    """Optimizer ``index``'s whole state, from a checkpoint in the replicated format."""
+    name = indexed_name(OPTIMIZER_NAME, index, ".bin")
+    checkpoint.require(name)
+    return checkpoint.load_object(name)
+
+
+def _load_whole_model(checkpoint: CheckpointReader, name: str, model: nn.Module) -> None:
+    state_dict = checkpoint.load_tensors(name)
+    path = checkpoint.path / name
+    try:
+        result = model.load_state_dict(state_dict, strict=False)
+    except RuntimeError as error:  # shape mismatches raise even when not strict
+        detail = str(error).strip().splitlines()[-1].strip()
+        raise CheckpointError(
+            f"{path} does not fit the prepared model ({detail}); load a checkpoint of the same model."
+        ) from None
+    if result.missing_keys or result.unexpected_keys:
+        raise CheckpointError(
+            f"{path} does not fit the prepared model (missing keys: {result.missing_keys[:5]}, unexpected "
+            f"keys: {result.unexpected_keys[:5]}); load a checkpoint of the same model."
+        )
 
 
 def unwrap_module(model: nn.Module) -> nn.Module:

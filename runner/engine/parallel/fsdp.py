@@ -9,19 +9,35 @@ Order inside ``prepare`` (getting it wrong silently trains the wrong tensors):
    sharded DTensor, so an optimizer built from the model before ``prepare`` still points at the
    old tensors. ``prepare`` re-points it (matching parameters by name) when the model and its
    optimizer are prepared in the same call, and refuses an optimizer that already holds state.
+
+Checkpoints: with ``SHARDED_STATE_DICT`` every rank writes its own shards of each model and
+optimizer through torch.distributed.checkpoint (``checkpoint_format`` ``"dcp"``, loadable on any
+number of processes); with ``FULL_STATE_DICT`` they are gathered to rank 0 and written in the
+replicated format. Either loads into a sharded model (see :mod:`runner.engine.sharded_state`).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from runner.engine import sharded_state
+from runner.engine.constants import DCP_METADATA_NAME, MODEL_NAME, OPTIMIZER_NAME, indexed_name
 from runner.engine.distributed import DistributedEnvironment
-from runner.engine.parallel.base import unwrap_module
+from runner.engine.manifest import CheckpointError
+from runner.engine.parallel.base import (
+    CheckpointReader,
+    CheckpointWriter,
+    load_optimizer_file,
+    save_whole_state,
+    unwrap_module,
+)
 
 
 @dataclass
@@ -63,8 +79,8 @@ class FSDPStrategy:
         self.env = env
         self.plugin = plugin
         self.param_dtype = param_dtype  # from mixed_precision: the dtype units compute in, or None
-        # How save_state writes models and optimizers (see runner.engine.sharded_state).
-        self.checkpoint_format = "sharded" if plugin.state_dict_type == "SHARDED_STATE_DICT" else "full"
+        # Shards through DCP, or whole states gathered to rank 0 (see runner.engine.sharded_state).
+        self.checkpoint_format = "dcp" if plugin.state_dict_type == "SHARDED_STATE_DICT" else "safetensors"
 
     def _mesh(self):
         from torch.distributed.device_mesh import init_device_mesh
@@ -101,6 +117,15 @@ class FSDPStrategy:
         fully_shard(model, **options)
         return model
 
+    @contextlib.contextmanager
+    def preparing_models(
+        self, models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer]
+    ) -> Iterator[None]:
+        before = parameter_names(list(models))  # taken before sharding replaces the parameters
+        yield
+        for optimizer in optimizers:
+            repoint_optimizer(optimizer, before)
+
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         return _no_gradient_sync(model)
 
@@ -128,6 +153,73 @@ class FSDPStrategy:
     def total_norm(norm: torch.Tensor) -> torch.Tensor:
         """clip_grad_norm_ over sharded gradients returns a DTensor: the norm across all shards."""
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def checkpoint_weights(self, models: Sequence[nn.Module]) -> None:
+        return None  # the weights are shards: written through DCP, or gathered during the save
+
+    def check_save(self, *, mid_cycle: bool) -> None:
+        if mid_cycle:
+            raise CheckpointError(
+                "save_state under FSDP needs a gradient accumulation cycle boundary (sharded gradients pending "
+                "between syncs are not saved); save when accelerator.sync_gradients is True."
+            )
+
+    def save_model_state(
+        self,
+        folder: CheckpointWriter,
+        models: Sequence[nn.Module],
+        optimizers: Sequence[Any],
+        *,
+        weights: Sequence[dict[str, torch.Tensor]] | None,
+        rank: int,
+    ) -> None:
+        """Every rank writes its shards (``"dcp"``), or sends them to rank 0, which writes whole states."""
+        if self.checkpoint_format == "dcp":
+            sharded_state.save_sharded(folder.path, models, optimizers, indexed_name)
+            return
+        whole_weights, optimizer_states = sharded_state.gather_full(models, optimizers)  # a collective
+        if rank == 0:
+            save_whole_state(folder, whole_weights, optimizer_states)
+
+    def check_load(self, checkpoint: CheckpointReader) -> None:
+        pass  # shards reshard onto this run's processes, and whole states are sharded as they load
+
+    def load_model_state(
+        self, checkpoint: CheckpointReader, models: Sequence[nn.Module], optimizers: Sequence[Any]
+    ) -> None:
+        dcp = checkpoint.state_format == "dcp"
+        for i, model in enumerate(models):
+            folder = indexed_name(MODEL_NAME, i, "")
+            with _refused_unless_it_fits(checkpoint.path / folder):
+                if dcp:
+                    sharded_state.load_model(checkpoint.path / folder, model, listed=checkpoint.listed_in(folder))
+                else:
+                    sharded_state.load_model(
+                        checkpoint.load_tensors(indexed_name(MODEL_NAME, i, ".safetensors")), model
+                    )
+        for i, optimizer in enumerate(optimizers):
+            if not dcp:  # a whole optimizer state, keyed by parameter name
+                sharded_state.load_optimizer(load_optimizer_file(checkpoint, i), optimizer, models)
+                continue
+            folder = indexed_name(OPTIMIZER_NAME, i, "")
+            checkpoint.require(f"{folder}/{DCP_METADATA_NAME}")
+            sharded_state.load_optimizer(
+                checkpoint.path / folder, optimizer, models, listed=checkpoint.listed_in(folder)
+            )
+
+
+@contextlib.contextmanager
+def _refused_unless_it_fits(folder: Path) -> Iterator[None]:
+    """Turn torch's errors for a state that does not fit the sharded model into one sentence naming ``folder``."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (RuntimeError, KeyError, ValueError) as error:
+        detail = str(error).strip().splitlines()[-1].strip() if str(error).strip() else type(error).__name__
+        raise CheckpointError(
+            f"{folder} does not fit the prepared model ({detail}); load a checkpoint of the same model."
+        ) from None
 
 
 def _tied_names(model: nn.Module) -> list[list[str]]:

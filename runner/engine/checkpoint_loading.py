@@ -1,0 +1,151 @@
+"""``load_state``'s path: a committed checkpoint, checked against the prepared objects, put back in place.
+
+A checkpoint folder is data. Its manifest is checked first (see :mod:`runner.engine.manifest`), and
+loading follows what it records, never the files it finds: the strategy that saved the models and
+optimizers (``state_format``), how many objects of each kind, the world size. The prepared
+strategy loads the model and optimizer state (see :mod:`runner.engine.parallel.base`); the rest is
+the same under every strategy and is loaded here, reading tensors with safetensors and everything
+else with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from runner.engine.constants import (
+    DCP_METADATA_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    custom_state_name,
+    gradients_name,
+    indexed_name,
+    rng_state_name,
+)
+from runner.engine.manifest import CheckpointError, read_manifest
+from runner.engine.prepared import PreparedObjects
+from runner.engine.rng import set_rng_state, set_seed
+from runner.engine.serialization import load_safetensors
+
+
+@dataclass(frozen=True)
+class ListedCheckpoint:
+    """A committed checkpoint being loaded, as its manifest lists it (the strategies' ``CheckpointReader``)."""
+
+    path: Path
+    state_format: str
+    files: Mapping[str, Any]  # the manifest's listing: name -> size and digests
+
+    def require(self, name: str) -> Path:
+        if name not in self.files:
+            raise CheckpointError(f"{self.path} has no {name}; prepare the same objects as the run that saved it.")
+        return self.path / name
+
+    def listed_in(self, folder: str) -> set[str]:
+        return {name[len(folder) + 1 :] for name in self.files if name.startswith(f"{folder}/")} - {DCP_METADATA_NAME}
+
+    def load_tensors(self, name: str) -> dict[str, torch.Tensor]:
+        return load_safetensors(self.path / name)
+
+    def load_object(self, name: str) -> Any:
+        return torch.load(self.path / name, map_location="cpu", weights_only=True)
+
+
+def load_training_state(
+    checkpoint: Path, prepared: PreparedObjects, *, models: Sequence[nn.Module], verify_checksums: bool = True
+) -> dict[str, Any]:
+    """Restore the prepared objects in place from a committed checkpoint folder.
+
+    On the world size it was saved with, every rank gets its own RNG streams back. On another, the
+    streams are re-derived from the checkpoint (deterministically, one per rank), and a checkpoint
+    saved in the middle of a gradient accumulation cycle is refused: its pending gradients belong
+    to the ranks that computed them.
+
+    Args:
+        models: The prepared models to load into, unwrapped (load_state's pre-hooks may have left some out).
+
+    Returns:
+        The checkpoint's manifest.
+
+    Raises:
+        CheckpointError: The folder is incomplete or damaged, or holds a different set of objects.
+    """
+    manifest = read_manifest(checkpoint, verify_checksums=verify_checksums)
+    saved = ListedCheckpoint(checkpoint, manifest["state_format"], manifest["files"])
+    prepared.strategy.check_load(saved)
+    mid_cycle = _check_fits(checkpoint, manifest, prepared, models)
+    prepared.strategy.load_model_state(saved, models, prepared.optimizers)
+    for i, scheduler in enumerate(prepared.schedulers):
+        name = indexed_name(SCHEDULER_NAME, i, ".bin")
+        saved.require(name)
+        scheduler.load_state_dict(saved.load_object(name))
+    if prepared.scaler is not None and manifest["contents"]["scaler"]:
+        prepared.scaler.load_state_dict(saved.load_object(SCALER_NAME))
+    for i, obj in enumerate(prepared.custom_objects):
+        name = custom_state_name(i)
+        if name not in saved.files:
+            raise CheckpointError(f"{checkpoint} has no {name} for registered object {i}; register the same objects.")
+        obj.load_state_dict(saved.load_object(name))
+    rank = prepared.env.rank
+    if manifest["world_size"] == prepared.env.world_size:
+        set_rng_state(saved.load_object(rng_state_name(rank)))
+    else:
+        derive_rng_state(saved.load_object(rng_state_name(0)), rank)
+    if mid_cycle:
+        _load_gradients(saved.load_tensors(gradients_name(rank)), models)
+    return manifest
+
+
+def _check_fits(checkpoint: Path, manifest: dict[str, Any], prepared: PreparedObjects, models: Sequence) -> bool:
+    """Refuse a checkpoint of other models, or one whose pending gradients this run cannot take; return whether
+    it was saved in the middle of an accumulation cycle."""
+    saved_world, saved_steps = manifest["world_size"], manifest.get("accumulation_steps")
+    mid_cycle = manifest.get("accumulation_step", 0) % manifest.get("accumulation_steps", 1) != 0
+    if mid_cycle and (saved_world != prepared.env.world_size or saved_steps != prepared.gradient_state.num_steps):
+        raise CheckpointError(
+            f"{checkpoint} was saved in the middle of a gradient accumulation cycle by {saved_world} process(es) "
+            f"with gradient_accumulation_steps={saved_steps}; resume it with the same settings, or save at a cycle "
+            "boundary to change them."
+        )
+    if manifest["contents"]["models"] != len(models):
+        raise CheckpointError(
+            f"{checkpoint} holds {manifest['contents']['models']} model(s) but {len(models)} were prepared; prepare "
+            "the same models as the run that saved it."
+        )
+    return mid_cycle
+
+
+def derive_rng_state(saved: dict[str, Any], rank: int) -> None:
+    """Seed every generator of this rank from a saved state and the rank: reproducible, distinct per rank."""
+    digest = hashlib.sha256(saved["torch"].numpy().tobytes() + rank.to_bytes(4, "little")).digest()
+    set_seed(int.from_bytes(digest[:8], "little") % 2**63)
+
+
+def _load_gradients(gradients: dict[str, torch.Tensor], models: Sequence[nn.Module]) -> None:
+    for i, model in enumerate(models):
+        for name, parameter in model.named_parameters():
+            saved = gradients.get(f"{i}.{name}")
+            parameter.grad = None if saved is None else saved.to(parameter.device, parameter.dtype)
+
+
+def restore_engine_metadata(
+    manifest: dict[str, Any], checkpoint: Path, loaders: Sequence[Any], optimizers: Sequence[Any], gradient_state: Any
+) -> None:
+    """Put back what :func:`runner.engine.checkpoint.engine_metadata` recorded."""
+    positions = manifest.get("dataloaders", [])
+    if len(positions) != len(loaders):
+        raise CheckpointError(
+            f"{checkpoint} records {len(positions)} dataloader(s) but {len(loaders)} were prepared; "
+            "prepare the same dataloaders as the run that saved it."
+        )
+    for loader, position in zip(loaders, positions, strict=True):
+        loader.load_state_dict(position)
+    for optimizer, steps in zip(optimizers, manifest.get("optimizer_steps", []), strict=False):
+        optimizer.steps = steps
+    gradient_state.step = manifest.get("accumulation_step", 0)
