@@ -109,8 +109,9 @@ def _torch_save_atomically(obj: Any, path: Path) -> None:
 
 @dataclass(frozen=True)
 class StagingFolder:
-    """The folder a checkpoint is written into before its commit; every file of a save goes in through it
-    (it is the ``CheckpointWriter`` the strategies write their state with)."""
+    """The folder a checkpoint is written into before its commit: the ``CheckpointWriter`` the strategies
+    write their state with. The engine's files and the replicated strategies' go in through its methods;
+    sharded FSDP's DCP writer and the save hooks write under :attr:`path` directly."""
 
     path: Path
 

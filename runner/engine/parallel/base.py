@@ -193,15 +193,18 @@ def _load_whole_model(checkpoint: CheckpointReader, name: str, model: nn.Module)
     try:
         result = model.load_state_dict(state_dict, strict=False)
     except RuntimeError as error:  # shape mismatches raise even when not strict
-        detail = str(error).strip().splitlines()[-1].strip()
-        raise CheckpointError(
-            f"{path} does not fit the prepared model ({detail}); load a checkpoint of the same model."
-        ) from None
+        raise does_not_fit(path, error) from None
     if result.missing_keys or result.unexpected_keys:
-        raise CheckpointError(
-            f"{path} does not fit the prepared model (missing keys: {result.missing_keys[:5]}, unexpected "
-            f"keys: {result.unexpected_keys[:5]}); load a checkpoint of the same model."
-        )
+        detail = f"missing keys: {result.missing_keys[:5]}, unexpected keys: {result.unexpected_keys[:5]}"
+        raise does_not_fit(path, detail)
+
+
+def does_not_fit(path: Path, error: BaseException | str) -> CheckpointError:
+    """The one sentence for a saved state that does not fit the prepared model: the path and torch's reason."""
+    if isinstance(error, BaseException):
+        text = str(error).strip()
+        error = text.splitlines()[-1].strip() if text else type(error).__name__
+    return CheckpointError(f"{path} does not fit the prepared model ({error}); load a checkpoint of the same model.")
 
 
 def unwrap_module(model: nn.Module) -> nn.Module:

@@ -34,6 +34,7 @@ from runner.engine.manifest import CheckpointError
 from runner.engine.parallel.base import (
     CheckpointReader,
     CheckpointWriter,
+    does_not_fit,
     load_optimizer_file,
     save_whole_state,
     unwrap_module,
@@ -216,10 +217,7 @@ def _refused_unless_it_fits(folder: Path) -> Iterator[None]:
     except CheckpointError:
         raise
     except (RuntimeError, KeyError, ValueError) as error:
-        detail = str(error).strip().splitlines()[-1].strip() if str(error).strip() else type(error).__name__
-        raise CheckpointError(
-            f"{folder} does not fit the prepared model ({detail}); load a checkpoint of the same model."
-        ) from None
+        raise does_not_fit(folder, error) from None
 
 
 def _tied_names(model: nn.Module) -> list[list[str]]:
