@@ -12,7 +12,7 @@ from runner.layout import check_no_links
 
 PATTERN = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"
 TEN = datetime(2026, 11, 29, 10, 0, 0)
-register_configs()  # as cli() does before it composes
+register_configs()  # as runner.cli.main does before it composes
 
 
 def _sentence(link: Path, target: Path) -> str:
