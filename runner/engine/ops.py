@@ -61,6 +61,9 @@ def send_to_device(data: Any, device: torch.device | str, non_blocking: bool = F
 
 
 def _gather_tensor(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
+    # Detached first: the collective writes into views of `output` and autograd refuses that when the
+    # input requires grad; the gathered values carry no gradient back anyway (as in Accelerate).
+    tensor = tensor.detach()
     if tensor.ndim == 0:
         tensor = tensor[None]
     tensor = tensor.contiguous()
@@ -78,11 +81,15 @@ def gather(tensor: Any) -> Any:
             become length-1 tensors.
 
     Returns:
-        The same structure, each tensor ``num_processes`` times longer.
+        The same structure, each tensor ``num_processes`` times longer and detached from the
+        autograd graph (on one process too, so a loop behaves the same at every world size).
+
+    Example:
+        >>> losses = gather(loss)  # fine on a loss that requires grad; ``losses.requires_grad`` is False
     """
     world_size = _world_size()
     if world_size == 1:
-        return tensor
+        return recursively_apply(torch.Tensor.detach, tensor)
     return recursively_apply(lambda t: _gather_tensor(t, world_size), tensor)
 
 
@@ -115,19 +122,41 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     return object_list
 
 
-def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-    """Sum (or average, with ``reduction="mean"``) ``tensor`` over all processes, into a new tensor."""
-    if reduction not in ("sum", "mean", "none"):
-        raise ValueError(f"reduction={reduction!r} is not supported; use 'sum', 'mean' or 'none'.")
+# reduction -> the ``dist.ReduceOp`` member that computes it; "mean" divides the sum afterwards and
+# "none" keeps this process's values (no collective).
+_REDUCE_OPS = {"mean": "SUM", "sum": "SUM", "max": "MAX", "min": "MIN", "none": None}
+
+
+def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
+    """Reduce ``tensor`` (or a nest of tensors) over all processes, into new tensors.
+
+    Args:
+        tensor: A tensor or a nest of tensors with the same shapes on every rank.
+        reduction: ``"mean"`` (the default, as ``accelerate.utils.reduce``), ``"sum"``, ``"max"``,
+            ``"min"``, or ``"none"`` (this process's values, copied).
+        scale: A factor applied to the result.
+
+    Returns:
+        The same structure, every tensor replaced by its reduction (on one process: a copy).
+
+    Raises:
+        ValueError: ``reduction`` is not one of the names above (raised on every rank before any
+            collective, so no rank is left waiting).
+
+    Example:
+        >>> reduce(torch.tensor([float(rank)]), reduction="max")  # tensor([1.]) on 2 processes
+    """
+    if reduction not in _REDUCE_OPS:
+        raise ValueError(f"reduction={reduction!r} is not supported; use one of {', '.join(map(repr, _REDUCE_OPS))}.")
     world_size = _world_size()
+    op_name = _REDUCE_OPS[reduction]
 
     def _reduce(t: torch.Tensor) -> torch.Tensor:
-        result = t.clone()
-        if world_size == 1 or reduction == "none":
-            return result * scale if scale != 1.0 else result
-        dist.all_reduce(result, op=dist.ReduceOp.SUM)
-        if reduction == "mean":
-            result /= world_size
+        result = t.clone()  # all_reduce works in place; the caller's tensor stays untouched
+        if world_size > 1 and op_name is not None:
+            dist.all_reduce(result, op=getattr(dist.ReduceOp, op_name))
+            if reduction == "mean":
+                result /= world_size
         return result * scale if scale != 1.0 else result
 
     return recursively_apply(_reduce, tensor)
