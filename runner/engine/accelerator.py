@@ -18,7 +18,7 @@ from runner.engine.checkpoint import Checkpointer, is_stateful
 from runner.engine.checkpoint_folders import ProjectConfiguration
 from runner.engine.constants import MIXED_PRECISION_ENV
 from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader
-from runner.engine.distributed import DistributedType, barrier, init_process_group, read_environment
+from runner.engine.distributed import AcceleratorState, DistributedType, barrier, init_process_group, read_environment
 from runner.engine.loaders import prepare_data_loader
 from runner.engine.memory import release_memory
 from runner.engine.optimizer import (
@@ -114,8 +114,8 @@ class Accelerator:
         gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
         fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
     ) -> None:
-        self.state = read_environment(cpu=cpu)
-        init_process_group(self.state)
+        env = read_environment(cpu=cpu)
+        init_process_group(env)
         handlers = _sort_kwargs_handlers(kwargs_handlers)
 
         self.project_configuration = project_config or ProjectConfiguration()
@@ -134,7 +134,7 @@ class Accelerator:
         precision = parse_mixed_precision(mixed_precision)
         self._precision = Precision(
             precision,
-            self.state.device,
+            env.device,
             scaler_kwargs=handlers.get(GradScalerKwargs),
             autocast_kwargs=handlers.get(AutocastKwargs),
         )
@@ -142,11 +142,13 @@ class Accelerator:
         plugin = gradient_accumulation_plugin or GradientAccumulationPlugin(num_steps=gradient_accumulation_steps)
         self.gradient_state = GradientState(plugin)
         self._strategy = select_strategy(
-            self.state,
+            env,
             ddp_kwargs=handlers.get(DistributedDataParallelKwargs),
             fsdp_plugin=fsdp_plugin,
             param_dtype={PrecisionType.BF16: torch.bfloat16, PrecisionType.FP16: torch.float16}.get(precision),
         )
+        # Built last: it reports the strategy and precision chosen above. Each Accelerator has its own.
+        self.state = AcceleratorState.of(env, fsdp=self._strategy.name == "fsdp", mixed_precision=precision.value)
 
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
@@ -182,8 +184,12 @@ class Accelerator:
         return self.state.is_local_main_process
 
     @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
     def distributed_type(self) -> DistributedType:
-        return DistributedType.FSDP if self._strategy.name == "fsdp" else self.state.distributed_type
+        return self.state.distributed_type
 
     @property
     def use_distributed(self) -> bool:
@@ -395,7 +401,11 @@ class Accelerator:
 
     # ------------------------------------------------------------------------------------ collectives
     def gather(self, tensor: Any) -> Any:
-        """Concatenate ``tensor`` (or a nest of them) from all processes along dim 0."""
+        """Concatenate ``tensor`` (or a nest of them) from all processes along dim 0, detached from autograd.
+
+        Example:
+            >>> losses = accelerator.gather(loss)  # works on a loss that requires grad; the result does not
+        """
         return ops.gather(tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
@@ -416,6 +426,16 @@ class Accelerator:
         return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Reduce ``tensor`` (or a nest of them) over all processes; see :func:`runner.engine.ops.reduce`.
+
+        Args:
+            reduction: ``"sum"`` by default here (as ``Accelerator.reduce``; ``utils.reduce`` defaults to
+                ``"mean"``), or ``"mean"``, ``"max"``, ``"min"``, ``"none"``.
+            scale: A factor applied to the result.
+
+        Raises:
+            ValueError: ``reduction`` is not one of those names.
+        """
         return ops.reduce(tensor, reduction=reduction, scale=scale)
 
     def wait_for_everyone(self) -> None:
@@ -461,6 +481,10 @@ class Accelerator:
     def on_local_main_process(self, function: Callable) -> Callable:
         """Decorate ``function`` to run on each node's main process only."""
         return _only_when(function, lambda: self.is_local_main_process)
+
+    def on_last_process(self, function: Callable) -> Callable:
+        """Decorate ``function`` to run on the last process only (the only one, without distribution)."""
+        return _only_when(function, lambda: self.is_last_process)
 
     def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
         """Decorate ``function`` to run on process ``process_index`` only."""

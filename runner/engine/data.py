@@ -61,6 +61,9 @@ class DataLoaderConfiguration:
         use_stateful_dataloader: Accepted for compatibility; prepared loaders always record their
             position in ``save_state`` and continue from it after ``load_state``.
         non_blocking: Copy batches to the GPU with ``non_blocking=True`` (pair it with pin_memory).
+        data_seed: The seed prepared loaders shuffle from (and seed their workers and batches from),
+            as Accelerate's seedable sampler does. None (the default): the loader's generator's
+            seed if it has one, else torch's initial seed; rank 0's either way.
     """
 
     split_batches: bool = False
@@ -69,6 +72,7 @@ class DataLoaderConfiguration:
     use_seedable_sampler: bool = True
     use_stateful_dataloader: bool = True
     non_blocking: bool = False
+    data_seed: int | None = None
 
 
 class PreparedDataLoader(DataLoader):

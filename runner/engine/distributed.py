@@ -12,7 +12,7 @@ import atexit
 import enum
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import timedelta
 
 import torch
@@ -45,6 +45,23 @@ class DistributedEnvironment:
     def is_distributed(self) -> bool:
         return self.world_size > 1
 
+    # Accelerate's names for the same facts, so ``accelerator.state.process_index`` reads as it does there.
+    @property
+    def num_processes(self) -> int:
+        return self.world_size
+
+    @property
+    def process_index(self) -> int:
+        return self.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.local_rank
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.is_distributed
+
     @property
     def is_main_process(self) -> bool:
         return self.rank == 0
@@ -54,10 +71,47 @@ class DistributedEnvironment:
         return self.local_rank == 0
 
     @property
+    def is_last_process(self) -> bool:
+        return self.rank == self.world_size - 1
+
+    @property
     def distributed_type(self) -> DistributedType:
         if not self.is_distributed:
             return DistributedType.NO
         return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
+
+
+@dataclass(frozen=True)
+class AcceleratorState(DistributedEnvironment):
+    """``accelerator.state``: the environment, and how this Accelerator trains in it (Accelerate's attributes).
+
+    Unlike Accelerate's ``AcceleratorState`` it is not shared: each Accelerator builds its own, so two
+    Accelerators with different settings in one process report their own.
+
+    Args:
+        fsdp: The Accelerator shards models with FSDP (``distributed_type`` is then ``FSDP``).
+        mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``.
+
+    Example:
+        >>> state = AcceleratorState.of(read_environment(), fsdp=False, mixed_precision="bf16")
+        >>> state.process_index, state.num_processes, state.mixed_precision
+        (0, 1, 'bf16')
+    """
+
+    fsdp: bool = False
+    mixed_precision: str = "no"
+
+    @classmethod
+    def of(cls, env: DistributedEnvironment, *, fsdp: bool, mixed_precision: str) -> AcceleratorState:
+        return cls(
+            **{field.name: getattr(env, field.name) for field in fields(DistributedEnvironment)},
+            fsdp=fsdp,
+            mixed_precision=mixed_precision,
+        )
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return DistributedType.FSDP if self.fsdp else super().distributed_type
 
 
 def _int_env(name: str, default: int) -> int:

@@ -31,11 +31,14 @@ _LOADER_OPTIONS = (
 )
 
 
-def _shuffle_seed(dataloader: DataLoader, broadcast_seed) -> int:
-    """The seed shared by all ranks: the loader's generator's if it has one, else rank 0's torch seed."""
-    generator = getattr(dataloader.sampler, "generator", None) or dataloader.generator
-    seed = generator.initial_seed() if generator is not None else torch.initial_seed()
-    return broadcast_seed(seed)
+def _shuffle_seed(dataloader: DataLoader, broadcast_seed, data_seed: int | None) -> int:
+    """The seed shared by all ranks: ``data_seed``, else the loader's generator's, else torch's; rank 0's."""
+    if data_seed is not None:
+        seed = data_seed
+    else:
+        generator = getattr(dataloader.sampler, "generator", None) or dataloader.generator
+        seed = generator.initial_seed() if generator is not None else torch.initial_seed()
+    return broadcast_seed(seed)  # every rank broadcasts, data_seed or not, so the collectives pair up
 
 
 def prepare_data_loader(
@@ -74,7 +77,7 @@ def prepare_data_loader(
         drop_last=batch_sampler.drop_last,
         even_batches=config.even_batches,
     )
-    seed = _shuffle_seed(dataloader, broadcast_seed)
+    seed = _shuffle_seed(dataloader, broadcast_seed, config.data_seed)
     options = _loader_options(dataloader, iterable=iterable)
     common = {
         "device": device,

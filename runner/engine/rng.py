@@ -86,12 +86,20 @@ def set_rng_state(state: dict[str, Any], kinds: tuple[str, ...] | list[str] = AL
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def synchronize_rng_states(rng_types: list[str]) -> None:
+def synchronize_rng_states(rng_types: list[str], generator: torch.Generator | None = None) -> None:
     """Give every rank rank 0's state of the listed generators (a collective; every rank calls it).
 
     Args:
-        rng_types: Any of ``"torch"``, ``"cuda"``, ``"python"``, ``"numpy"``. ``"generator"`` is accepted
-            and needs nothing: prepared loaders shuffle from a seed shared by all ranks.
+        rng_types: Any of ``"torch"``, ``"cuda"``, ``"python"``, ``"numpy"``, ``"generator"``.
+        generator: The ``torch.Generator`` that ``"generator"`` synchronizes, as in Accelerate. Without
+            ``"generator"`` in ``rng_types`` it is left alone; ``"generator"`` without one needs nothing
+            (prepared loaders shuffle from a seed shared by all ranks).
+
+    Raises:
+        ValueError: For an entry of ``rng_types`` that names no generator.
+
+    Example:
+        >>> synchronize_rng_states(["torch", "generator"], generator=loader_generator)
     """
     import torch.distributed as dist
 
@@ -100,6 +108,14 @@ def synchronize_rng_states(rng_types: list[str]) -> None:
         raise ValueError(f"rng_types has unknown entries {sorted(unknown)}; use {', '.join(ALL_RNG_TYPES)}, generator.")
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
-    state = [get_rng_state()]
-    dist.broadcast_object_list(state, src=0)
-    set_rng_state(state[0], kinds=rng_types)
+    state = get_rng_state()
+    syncs_generator = "generator" in rng_types and generator is not None
+    if syncs_generator:
+        state["generator"] = generator.get_state()
+    # One broadcast for every kind. Whether it carries the generator is decided per rank, but every
+    # rank calls this once either way, so the collectives still pair up.
+    received = [state]
+    dist.broadcast_object_list(received, src=0)
+    set_rng_state(received[0], kinds=rng_types)
+    if syncs_generator and "generator" in received[0]:
+        generator.set_state(received[0]["generator"])

@@ -160,14 +160,41 @@ def seeded_worker_init_fn(worker_init_fn: Callable[[int], None] | None) -> Calla
 
 
 class SeedableRandomSampler(Sampler[int]):
-    """A random permutation drawn from ``seed + epoch``: the same on every rank, new each epoch."""
+    """A random permutation drawn from ``seed + epoch``: the same on every rank, new each epoch.
 
-    def __init__(self, data_source, *, seed: int, replacement: bool = False, num_samples: int | None = None):
+    Args:
+        data_source: What is sampled (only its length is used).
+        replacement: Draw with replacement, ``num_samples`` of them.
+        num_samples: How many indices a pass yields; ``len(data_source)`` by default.
+        generator: The generator each pass reseeds and draws from (as Accelerate's does); a private one
+            by default.
+        data_seed: Accelerate's name for the seed; it wins over ``seed``.
+        seed: The seed. Without it or ``data_seed``, torch's initial seed (``torch.initial_seed()``),
+            as in Accelerate.
+
+    Example:
+        >>> sampler = SeedableRandomSampler(range(10), data_seed=42)
+        >>> sampler.set_epoch(1)  # the order of epoch 1, on every rank alike
+    """
+
+    def __init__(
+        self,
+        data_source,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+        *,
+        data_seed: int | None = None,
+        seed: int | None = None,
+    ):
         self.data_source = data_source
-        self.seed = seed
+        if data_seed is not None:
+            seed = data_seed
+        self.seed = seed if seed is not None else torch.initial_seed()
         self.epoch = 0
         self.replacement = replacement
         self._num_samples = num_samples
+        self.generator = generator
 
     @property
     def num_samples(self) -> int:
@@ -177,7 +204,7 @@ class SeedableRandomSampler(Sampler[int]):
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed((self.seed + self.epoch) % 2**64)
+        generator = (self.generator or torch.Generator()).manual_seed((self.seed + self.epoch) % 2**64)
         n = len(self.data_source)
         if self.replacement:
             yield from torch.randint(n, (self.num_samples,), generator=generator).tolist()
