@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.algorithms import Join
 from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
@@ -31,6 +33,7 @@ from runner.engine.parallel import (
     DistributedDataParallelKwargs,
     FullyShardedDataParallelPlugin,
     select_strategy,
+    sync_in_next_backward,
     unwrap_module,
 )
 from runner.engine.precision import (
@@ -157,6 +160,7 @@ class Accelerator:
         self._custom_objects: list[Any] = []
         self.trackers: list[GeneralTracker] = []
         self._checkpointer = Checkpointer()
+        self._trigger_set = False
 
     # ----------------------------------------------------------------------------------- where we run
     @property
@@ -367,6 +371,22 @@ class Accelerator:
         with self._strategy.no_sync(model):
             yield
 
+    @staticmethod
+    def trigger_sync_in_backward(model: nn.Module) -> contextlib.AbstractContextManager:
+        """Make the backward inside sync a DDP model's gradients, though its forward ran under ``no_sync``.
+
+        Gradients accumulated in ``.grad`` by earlier unsynced backwards are synced with it. For any
+        other model (one process, FSDP) it does nothing, as in Accelerate.
+
+        Example:
+            >>> with accelerator.no_sync(model):
+            ...     loss_a, loss_b = loss_fn(model(input_a)), loss_fn(model(input_b))
+            >>> accelerator.backward(loss_a)  # accumulates locally
+            >>> with accelerator.trigger_sync_in_backward(model):
+            ...     accelerator.backward(loss_b)  # syncs both across processes
+        """
+        return sync_in_next_backward(model)
+
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
         """Autocast for code outside the prepared model's forward (a no-op without mixed precision)."""
         if autocast_handler is not None and not autocast_handler.enabled:
@@ -441,6 +461,78 @@ class Accelerator:
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point."""
         barrier(self.state)
+
+    def set_trigger(self) -> None:
+        """Raise this process's flag; the next :meth:`check_trigger` then returns True on every process.
+
+        No collective: one rank may call it alone (say, on a NaN loss it alone sees).
+        """
+        self._trigger_set = True
+
+    def check_trigger(self) -> bool:
+        """Whether any process called :meth:`set_trigger` since the last check; resets every flag if so.
+
+        A collective (a sum over processes): every process must call it at the same point, and all
+        get the same answer, so they can leave a loop together.
+
+        Example:
+            >>> if not torch.isfinite(loss):
+            ...     accelerator.set_trigger()
+            >>> if accelerator.check_trigger():
+            ...     break
+        """
+        flag = torch.tensor(int(self._trigger_set), device=self.device)
+        if ops.reduce(flag, reduction="sum").item() == 0:
+            return False
+        self._trigger_set = False
+        return True
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list, even_batches: bool | None = None) -> Iterator[None]:
+        """Let processes with fewer batches finish early without hanging the others (torch's ``Join``).
+
+        A process that runs out of batches shadows the collectives of the DDP models in ``joinables``
+        until every process has; then the last process to finish sends its weights to the others.
+        ``Join`` is enabled only where batches may be uneven: when ``even_batches`` (else the
+        ``DataLoaderConfiguration``'s) is False, or some prepared loader does not pad. Without DDP
+        (one process, FSDP) it does nothing and warns.
+
+        Args:
+            joinables: The prepared DDP models (any ``torch.distributed.algorithms.Joinable``).
+            even_batches: Accelerate overrides the prepared loaders' ``even_batches`` with it inside the
+                block. Prepared loaders here fix it when prepared, so they keep theirs (with a warning
+                where it differs); only the choice to enable ``Join`` follows it.
+
+        Example:
+            >>> accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(even_batches=False))
+            >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+            >>> with accelerator.join_uneven_inputs([model]):
+            ...     for inputs, targets in loader:  # some ranks get one batch fewer
+            ...         accelerator.backward(loss_fn(model(inputs), targets))
+            ...         optimizer.step()
+            ...         optimizer.zero_grad()
+        """
+        if self._strategy.name != "ddp":
+            where = "FSDP" if self.distributed_type == DistributedType.FSDP else "a single process"
+            warnings.warn(
+                f"join_uneven_inputs does nothing on {where}: it joins DistributedDataParallel models only.",
+                stacklevel=3,
+            )
+            yield
+            return
+        loader_settings = {loader.sharding.even_batches for loader in self._dataloaders}
+        if even_batches is not None and loader_settings - {even_batches}:
+            warnings.warn(
+                f"join_uneven_inputs(even_batches={even_batches}) cannot change prepared loaders, which keep the "
+                "even_batches they were prepared with; set DataLoaderConfiguration(even_batches=...) instead.",
+                stacklevel=3,
+            )
+        # Join costs an all-reduce per step, so it is left off only where every rank is sure to get as many
+        # batches: even_batches asked for, and every prepared loader pads.
+        requested = self.dataloader_config.even_batches if even_batches is None else even_batches
+        uneven = not requested or False in loader_settings
+        with Join(joinables, enable=uneven, throw_on_early_termination=False):
+            yield
 
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:

@@ -22,12 +22,27 @@ from runner.engine.constants import USE_CPU_ENV
 
 
 class DistributedType(str, enum.Enum):
-    """How the work is spread over processes (Accelerate's names)."""
+    """How the work is spread over processes (Accelerate's names and values).
+
+    The engine selects ``NO``, ``MULTI_CPU``, ``MULTI_GPU`` or ``FSDP``. The other members exist so a
+    ported script's comparisons (``if accelerator.distributed_type == DistributedType.XLA``) keep
+    working; they are never selected here.
+    """
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    DEEPSPEED = "DEEPSPEED"
     FSDP = "FSDP"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
 
 
 @dataclass(frozen=True)

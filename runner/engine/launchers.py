@@ -7,15 +7,15 @@ function joins the group as it would under ``torchrun``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from runner.engine.constants import MIXED_PRECISION_ENV, USE_CPU_ENV
+from runner.engine.environment import patch_environment
 
 
 def notebook_launcher(
@@ -51,7 +51,7 @@ def notebook_launcher(
         num_processes = torch.cuda.device_count() or 1
     environment = {MIXED_PRECISION_ENV: str(mixed_precision)}
     if num_processes == 1 and num_nodes == 1:
-        with _environment(environment):
+        with patch_environment(**environment):
             return [function(*args)]
     if torch.cuda.is_initialized():
         raise ValueError(
@@ -153,24 +153,9 @@ def elastic_run(
         # A joblib worker runs with loky's start method, which the spawned workers would inherit
         # and could not find ("cannot find context for 'loky'").
         multiprocessing.set_start_method(start_method, force=True)
-    with _environment(environment):
+    with patch_environment(**environment):
         return elastic_launch(config, function)(*args)
 
 
 def _by_rank(results: dict[int, Any]) -> list[Any]:
     return [results[rank] for rank in sorted(results)]
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """Set environment variables for the workers (they inherit them), and restore them after."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value

@@ -122,6 +122,49 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     return object_list
 
 
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """Send a tensor that exists on one process only to every process; the others pass None.
+
+    Unlike :func:`broadcast`, the receivers need not know its shape or dtype (nor which process
+    holds it). Two collectives: every process first learns the holder, shape and dtype (an object
+    all-gather), then the holder broadcasts the data, so every rank must call it.
+
+    Returns:
+        A new tensor with the holder's values on every process: on this process's GPU under NCCL,
+        else on the CPU (the holder keeps its tensor's device).
+
+    Raises:
+        ValueError: No process, or more than one, passed a tensor (raised on every rank alike,
+            before the broadcast, so none is left waiting).
+
+    Example:
+        >>> weights = copy_tensor_to_devices(torch.load(path) if accelerator.is_main_process else None)
+    """
+    if _world_size() == 1:
+        if tensor is None:
+            raise ValueError("copy_tensor_to_devices got None on the only process; pass the tensor to copy.")
+        return tensor.clone()
+    described = gather_object([None if tensor is None else (tuple(tensor.shape), tensor.dtype)])
+    holders = [rank for rank, description in enumerate(described) if description is not None]
+    if len(holders) != 1:
+        raise ValueError(
+            f"copy_tensor_to_devices needs a tensor on exactly one process and None on the others; ranks "
+            f"{holders} passed one."
+        )
+    holder = holders[0]
+    if dist.get_rank() == holder:
+        copy = tensor.clone()
+        if dist.get_backend() == "nccl" and copy.device.type != "cuda":
+            copy = copy.to(torch.device("cuda", torch.cuda.current_device()))  # NCCL sends GPU memory only
+        dist.broadcast(copy, src=holder)
+        return copy.to(tensor.device)
+    shape, dtype = described[holder]
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    received = torch.empty(shape, dtype=dtype, device=device)
+    dist.broadcast(received, src=holder)
+    return received
+
+
 # reduction -> the ``dist.ReduceOp`` member that computes it; "mean" divides the sum afterwards and
 # "none" keeps this process's values (no collective).
 _REDUCE_OPS = {"mean": "SUM", "sum": "SUM", "max": "MAX", "min": "MIN", "none": None}

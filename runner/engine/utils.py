@@ -3,11 +3,27 @@
 from runner.engine.checkpoint import ProjectConfiguration
 from runner.engine.data import DataLoaderConfiguration
 from runner.engine.distributed import DistributedType
+from runner.engine.environment import patch_environment
+from runner.engine.imports import (
+    is_bf16_available,
+    is_cuda_available,
+    is_datasets_available,
+    is_deepspeed_available,
+    is_mps_available,
+    is_npu_available,
+    is_tensorboard_available,
+    is_torch_xla_available,
+    is_torchvision_available,
+    is_transformers_available,
+    is_wandb_available,
+    is_xpu_available,
+)
 from runner.engine.launchers import debug_launcher, notebook_launcher
 from runner.engine.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
 from runner.engine.ops import (
     broadcast,
     broadcast_object_list,
+    copy_tensor_to_devices,
     gather,
     gather_object,
     pad_across_processes,
@@ -31,14 +47,28 @@ __all__ = [
     "PrecisionType",
     "ProjectConfiguration",
     "broadcast",
+    "broadcast_object_list",
+    "copy_tensor_to_devices",
     "debug_launcher",
     "find_executable_batch_size",
-    "broadcast_object_list",
     "gather",
     "gather_object",
+    "is_bf16_available",
+    "is_cuda_available",
+    "is_datasets_available",
+    "is_deepspeed_available",
+    "is_mps_available",
+    "is_npu_available",
+    "is_tensorboard_available",
+    "is_torch_xla_available",
+    "is_torchvision_available",
+    "is_transformers_available",
+    "is_wandb_available",
+    "is_xpu_available",
     "load_checkpoint_in_model",
     "notebook_launcher",
     "pad_across_processes",
+    "patch_environment",
     "reduce",
     "release_memory",
     "send_to_device",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from runner.engine.distributed import DistributedEnvironment
 from runner.engine.parallel.base import CheckpointReader, CheckpointWriter, ParallelStrategy, unwrap_module
-from runner.engine.parallel.ddp import DDPStrategy, DistributedDataParallelKwargs
+from runner.engine.parallel.ddp import DDPStrategy, DistributedDataParallelKwargs, sync_in_next_backward
 from runner.engine.parallel.fsdp import FSDPStrategy, FullyShardedDataParallelPlugin
 from runner.engine.parallel.none import SingleProcessStrategy
 
@@ -25,6 +25,7 @@ __all__ = [
     "ParallelStrategy",
     "SingleProcessStrategy",
     "select_strategy",
+    "sync_in_next_backward",
     "unwrap_module",
 ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
 from torch import nn
@@ -52,3 +53,24 @@ class DDPStrategy(ReplicatedModelStrategy):
         if isinstance(model, DistributedDataParallel):
             return model.no_sync()
         return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def sync_in_next_backward(model: nn.Module) -> Iterator[None]:
+    """Make the backward inside all-reduce a DDP ``model``'s gradients, even after a forward under ``no_sync``.
+
+    DDP decides in forward whether the coming backward syncs (it arms its reducer there, unless
+    ``no_sync``); arming the reducer here, for all parameters, makes the next backward sync what has
+    accumulated in ``.grad`` so far. The same DDP internals Accelerate's ``trigger_sync_in_backward``
+    sets; anything but a DDP module is left alone.
+    """
+    if not isinstance(model, DistributedDataParallel):
+        yield
+        return
+    saved = model.require_backward_grad_sync, model.require_forward_param_sync
+    model.require_backward_grad_sync = model.require_forward_param_sync = True
+    model.reducer.prepare_for_backward([])
+    try:
+        yield
+    finally:
+        model.require_backward_grad_sync, model.require_forward_param_sync = saved

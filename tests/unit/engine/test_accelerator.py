@@ -190,3 +190,36 @@ def test_split_between_processes_gives_a_datasets_table_its_rows_as_a_table():
     one = split_between_processes(datasets.Dataset.from_dict({"id": [9]}), num_processes=2, process_index=1,
                                   apply_padding=True)  # fmt: skip
     assert one["id"] == [9]  # an empty share repeats the table's last row
+
+
+def test_check_trigger_answers_once_per_set_trigger_on_one_process():
+    accelerator = Accelerator()
+    assert accelerator.check_trigger() is False
+    accelerator.set_trigger()
+    assert accelerator.check_trigger() is True
+    assert accelerator.check_trigger() is False  # reset by the check that saw it
+
+
+def test_join_uneven_inputs_warns_and_does_nothing_on_one_process():
+    accelerator = Accelerator()
+    model = accelerator.prepare(nn.Linear(2, 1))
+    with pytest.warns(UserWarning, match="does nothing on a single process"):
+        with accelerator.join_uneven_inputs([model], even_batches=False):
+            accelerator.backward(model(torch.ones(1, 2)).sum())
+    assert torch.equal(model.weight.grad, torch.ones(1, 2))
+
+
+def test_trigger_sync_in_backward_leaves_a_model_without_ddp_alone():
+    model = nn.Linear(2, 1)
+    with Accelerator.trigger_sync_in_backward(model):
+        model(torch.ones(1, 2)).sum().backward()
+    assert torch.equal(model.weight.grad, torch.ones(1, 2))
+
+
+def test_distributed_type_has_accelerates_members_and_selects_only_its_own():
+    from runner.engine import DistributedType
+
+    accelerate_members = "NO MULTI_CPU MULTI_GPU MULTI_NPU MULTI_MLU MULTI_SDAA MULTI_MUSA MULTI_XPU DEEPSPEED FSDP XLA"
+    for name in [*accelerate_members.split(), "MEGATRON_LM", "MULTI_HPU", "MULTI_NEURON"]:
+        assert DistributedType[name].value == name and DistributedType[name] == name
+    assert Accelerator().distributed_type is DistributedType.NO

@@ -1,0 +1,33 @@
+"""Temporarily set environment variables: Accelerate's ``patch_environment``, which the launchers use too."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+
+@contextlib.contextmanager
+def patch_environment(**kwargs: Any) -> Iterator[None]:
+    """Set each keyword as an environment variable (upper-cased name, ``str`` value) inside the block.
+
+    On leaving, every variable gets back the value it had before, or is removed if it had none, also
+    when the block raises. Child processes started inside inherit the values.
+
+    Example:
+        >>> with patch_environment(omp_num_threads=1):
+        ...     os.environ["OMP_NUM_THREADS"]
+        '1'
+    """
+    values = {name.upper(): str(value) for name, value in kwargs.items()}
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
