@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from runner.engine.ops import send_to_device
 from runner.engine.sampling import (
+    BatchSamplerShard,
     SeedableRandomSampler,
     SeededBatch,
     ShardedBatchSampler,
@@ -31,6 +32,8 @@ from runner.engine.sampling import (
 )
 
 __all__ = [
+    "BatchSamplerShard",
+    "BatchShardedDataLoader",
     "DataLoaderConfiguration",
     "PreparedDataLoader",
     "SeedableRandomSampler",
@@ -129,38 +132,59 @@ class PreparedDataLoader(DataLoader):
         """Choose the epoch whose shuffle order the next pass uses."""
         self.iteration = epoch
 
+    # What a position counts, and how far each step moves it: samples, a global batch of them.
+    _position_key = "samples_seen"
+
+    @property
+    def _step_size(self) -> int:
+        return self.total_batch_size
+
     def skip_first_batches(self, num_batches: int) -> None:
         """Make the next pass start after its first ``num_batches`` batches."""
-        self._skip_on_next_pass = num_batches * self.total_batch_size
+        self._skip_on_next_pass = num_batches * self._step_size
 
     @property
     def samples_seen(self) -> int:
         """Samples of the current epoch handed out so far, on all ranks together."""
-        return self._skipped_this_pass + self._batches_yielded * self.total_batch_size
+        return self._position
+
+    @property
+    def _position(self) -> int:
+        return self._skipped_this_pass + self._batches_yielded * self._step_size
+
+    @property
+    def _shuffler(self) -> SeedableRandomSampler | None:
+        """The seeded sampler whose seed a position records, if the loader shuffles with one."""
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        return sampler if isinstance(sampler, SeedableRandomSampler) else None
 
     def state_dict(self) -> dict[str, int]:
         """The position in the data: the epoch, the samples of it handed out, and its shuffle seed.
 
         Positions count samples, not batches, so a run can continue on another number of processes.
         """
+        key = self._position_key
         if self._skip_on_next_pass:  # loaded, not iterated yet: the position is the pending one
-            state = {"epoch": self.iteration, "samples_seen": self._skip_on_next_pass}
+            state = {"epoch": self.iteration, key: self._skip_on_next_pass}
         elif self._pass_batches and self._batches_yielded == self._pass_batches:
-            state = {"epoch": self.iteration + 1, "samples_seen": 0}  # complete; the generator has not returned
+            state = {"epoch": self.iteration + 1, key: 0}  # complete; the generator has not returned
         else:
-            state = {"epoch": self.iteration, "samples_seen": self.samples_seen}
-        sampler = getattr(self.batch_sampler, "sampler", None)
-        if isinstance(sampler, SeedableRandomSampler):
-            state["seed"] = sampler.seed
+            state = {"epoch": self.iteration, key: self._position}
+        if self._shuffler is not None:
+            state["seed"] = self._shuffler.seed
         return state
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from a :meth:`state_dict` position on the next pass."""
+        if self._position_key not in state:
+            raise ValueError(
+                f"This loader's position has no {self._position_key!r} (it records {sorted(state)}): a loader that "
+                "counts its position differently saved it; prepare the same kind of DataLoader as the saved run."
+            )
         self.iteration = state["epoch"]
-        self._skip_on_next_pass = state["samples_seen"]
-        sampler = getattr(self.batch_sampler, "sampler", None)
-        if "seed" in state and isinstance(sampler, SeedableRandomSampler):
-            sampler.seed = state["seed"]
+        self._skip_on_next_pass = state[self._position_key]
+        if "seed" in state and self._shuffler is not None:
+            self._shuffler.seed = state["seed"]
 
     def _to_device(self, batch: Any) -> Any:
         if not self._moves_batches:
@@ -222,3 +246,71 @@ class PreparedDataLoader(DataLoader):
 
 
 _EXHAUSTED = object()
+
+
+class BatchShardedDataLoader(PreparedDataLoader):
+    """A prepared loader over this rank's share of the batches of a user's batch sampler (a :class:`BatchSamplerShard`).
+
+    Its position counts the user's batches (``batches_seen``), since their sizes may vary; the
+    ``samples_seen`` it also records is that count times the batch sampler's ``batch_size`` (the count
+    itself where it has none), for the manifest. A pass resumed from a position draws the epoch's
+    batches again from the batch sampler and skips the ones already handed out, without loading them:
+    exact for a batch sampler that yields the same batches each time an epoch is replayed (seeded
+    from ``set_epoch``, or from a generator, which is reseeded each epoch).
+
+    Args:
+        batches: This rank's share of the user's batches.
+        as_sampler: The user's loader took its batch sampler as ``sampler=`` with ``batch_size=None``
+            (the dataset gets each batch whole); otherwise as ``batch_sampler=``.
+    """
+
+    _position_key = "batches_seen"
+
+    def __init__(self, dataset, *, batches: BatchSamplerShard, as_sampler: bool, **kwargs: Any) -> None:
+        slot = {"sampler": batches, "batch_size": None} if as_sampler else {"batch_sampler": batches}
+        super().__init__(dataset, **slot, **kwargs)
+        self.batches = batches
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """The user's batch size times the processes (once with ``split_batches``); None without one."""
+        return None if self.batches.batch_size is None else self.sharding.global_batch_size
+
+    @property
+    def _step_size(self) -> int:
+        return self.batches.batches_per_step
+
+    @property
+    def _shuffler(self) -> SeedableRandomSampler | None:
+        sampler = self.batches.sampler
+        return sampler if isinstance(sampler, SeedableRandomSampler) else None
+
+    @property
+    def samples_seen(self) -> int:
+        return self._position * (self.batches.batch_size or 1)
+
+    def state_dict(self) -> dict[str, int]:
+        state = super().state_dict()
+        state["samples_seen"] = state["batches_seen"] * (self.batches.batch_size or 1)
+        return state
+
+    def _pass(self, skip: int) -> Iterator[Any]:
+        batches = self.batches
+        batches.set_epoch(self.iteration)
+        batches.skip_batches = skip
+        count = batches.num_batches(skip)
+
+        def ended() -> None:
+            self.remainder = batches.remainder
+
+        if count is None:  # the last batch's length decides: fetch one ahead to know which is the last
+            yield from self._flag_last(map(self._to_device, DataLoader.__iter__(self)), ended)
+            return
+        self._pass_batches = count
+        self.end_of_dataloader = count == 0
+        for batch in DataLoader.__iter__(self):
+            self._batches_yielded += 1
+            self.end_of_dataloader = self._batches_yielded == count
+            if self.end_of_dataloader:
+                ended()  # the batch sampler has produced the last step by now, loader workers or not
+            yield self._to_device(batch)

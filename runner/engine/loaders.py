@@ -15,8 +15,14 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from runner.engine import dispatch
-from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader
-from runner.engine.sampling import SeedableRandomSampler, ShardedBatchSampler, Sharding, seeded_worker_init_fn
+from runner.engine.data import BatchShardedDataLoader, DataLoaderConfiguration, PreparedDataLoader
+from runner.engine.sampling import (
+    BatchSamplerShard,
+    SeedableRandomSampler,
+    ShardedBatchSampler,
+    Sharding,
+    seeded_worker_init_fn,
+)
 
 _LOADER_OPTIONS = (
     "num_workers",
@@ -56,18 +62,37 @@ def prepare_data_loader(
     """Rebuild ``dataloader`` over this rank's shard of every global batch.
 
     Args:
-        dataloader: A DataLoader with automatic batching (``batch_size`` set, or a plain
-            ``BatchSampler``), over a map-style or an iterable dataset.
+        dataloader: A DataLoader over a map-style or an iterable dataset, with automatic batching
+            (``batch_size`` set, or a ``batch_sampler``), or over a map-style dataset with a
+            ``BatchSampler`` as its ``sampler`` and ``batch_size=None``. A batch sampler other than
+            torch's own keeps its batches whole: each rank gets its share of them (see
+            :class:`~runner.engine.sampling.BatchSamplerShard`).
         device: Where batches are moved, or None to leave them where the loader puts them.
         broadcast_seed: Makes rank 0's shuffle seed everyone's (a collective when distributed).
         on_epoch_start: Called when each pass begins (to synchronise RNG states, say).
         comm_device: Where dispatched batches travel between processes (the GPU under NCCL).
 
     Raises:
-        ValueError: For a loader without batching or with a custom batch sampler, which cannot be
-            sharded, and for settings that cannot shard exactly (see the messages).
+        ValueError: For a loader without batching, and for settings that cannot shard exactly (see
+            the messages).
     """
-    batch_sampler = _plain_batch_sampler(dataloader)
+    user_batches = _user_batch_sampler(dataloader)
+    if user_batches is not None:
+        return _batch_sharded_loader(
+            dataloader,
+            user_batches,
+            num_processes=num_processes,
+            process_index=process_index,
+            config=config,
+            seed=_shuffle_seed(dataloader, broadcast_seed, config.data_seed),
+            device=device,
+            gradient_state=gradient_state,
+            non_blocking=config.non_blocking,
+            on_epoch_start=on_epoch_start,
+        )
+    batch_sampler = dataloader.batch_sampler
+    if batch_sampler is None:
+        raise ValueError("prepare() needs a batched DataLoader; set batch_size (not None) when building it.")
     iterable = isinstance(dataloader.dataset, IterableDataset)
     sharding = Sharding.create(
         batch_sampler.batch_size,
@@ -103,17 +128,17 @@ def prepare_data_loader(
     return PreparedDataLoader(dataloader.dataset, batch_sampler=_sharded_sampler(dataloader, sharding, seed), **common)
 
 
-def _plain_batch_sampler(dataloader: DataLoader) -> BatchSampler:
-    """The loader's batch sampler, which must be torch's own (a custom one cannot be sharded)."""
-    if dataloader.batch_sampler is None:
-        raise ValueError("prepare() needs a batched DataLoader; set batch_size (not None) when building it.")
-    batch_sampler = dataloader.batch_sampler
-    if type(batch_sampler) is not BatchSampler:
-        raise ValueError(
-            f"prepare() cannot shard a custom batch_sampler ({type(batch_sampler).__name__}); pass a "
-            "sampler and batch_size to the DataLoader instead."
-        )
-    return batch_sampler
+def _user_batch_sampler(dataloader: DataLoader):
+    """The loader's own batch sampler, whose batches are sharded whole, or None for torch's ``BatchSampler``.
+
+    As in Accelerate, that is a ``BatchSampler`` given as ``sampler`` (with ``batch_size=None``), or a
+    ``batch_sampler`` of another class.
+    """
+    if isinstance(dataloader.sampler, BatchSampler) and dataloader.batch_sampler is None:
+        return dataloader.sampler
+    if dataloader.batch_sampler is not None and type(dataloader.batch_sampler) is not BatchSampler:
+        return dataloader.batch_sampler
+    return None
 
 
 def _loader_options(dataloader: DataLoader, *, iterable: bool) -> dict[str, Any]:
@@ -146,16 +171,65 @@ def _dispatched_loader(
     )
 
 
-def _sharded_sampler(dataloader: DataLoader, sharding: Sharding, seed: int) -> ShardedBatchSampler:
-    """The loader's sampler, seeded alike on every rank, behind a :class:`ShardedBatchSampler`."""
-    sampler = dataloader.batch_sampler.sampler
+def _seeded(sampler, seed: int):
+    """``sampler``, or a copy of it whose shuffle every rank draws alike (reseeded each epoch)."""
     if isinstance(sampler, RandomSampler):
-        sampler = SeedableRandomSampler(
+        return SeedableRandomSampler(
             sampler.data_source, seed=seed, replacement=sampler.replacement, num_samples=sampler._num_samples
         )
-    elif hasattr(sampler, "generator") and not hasattr(sampler, "set_epoch"):
+    if hasattr(sampler, "generator") and not hasattr(sampler, "set_epoch"):
         sampler = copy.copy(sampler)  # a random sampler of the user's: give it a generator every rank seeds alike
         sampler.generator = torch.Generator()
-    sharded = ShardedBatchSampler(sampler, sharding=sharding)
+    return sampler
+
+
+def _sharded_sampler(dataloader: DataLoader, sharding: Sharding, seed: int) -> ShardedBatchSampler:
+    """The loader's sampler, seeded alike on every rank, behind a :class:`ShardedBatchSampler`."""
+    sharded = ShardedBatchSampler(_seeded(dataloader.batch_sampler.sampler, seed), sharding=sharding)
     sharded.seed = seed
     return sharded
+
+
+def _batch_sharded_loader(
+    dataloader: DataLoader,
+    user_batches,
+    *,
+    num_processes: int,
+    process_index: int,
+    config: DataLoaderConfiguration,
+    seed: int,
+    **common: Any,
+) -> BatchShardedDataLoader:
+    """A loader handing each rank its share of the user's batches, kept whole (Accelerate's ``BatchSamplerShard``)."""
+    name = type(user_batches).__name__
+    if num_processes > 1 and config.dispatch_batches:
+        raise ValueError(
+            f"dispatch_batches=True cannot send the batches of the batch sampler {name}, which are sharded whole; "
+            "set dispatch_batches=False (or leave it None) for this loader."
+        )
+    # A shallow copy, so that seeding its sampler (or its generator) leaves the user's loader as it was.
+    user_batches = _seeded(copy.copy(user_batches), seed)
+    if hasattr(user_batches, "sampler"):
+        user_batches.sampler = _seeded(user_batches.sampler, seed)
+    as_sampler = dataloader.batch_sampler is None
+    batches = BatchSamplerShard(
+        user_batches,
+        num_processes=num_processes,
+        process_index=process_index,
+        split_batches=config.split_batches,
+        even_batches=config.even_batches,
+        seed=seed,
+        as_indices=not as_sampler,
+    )
+    sharding = Sharding.create(
+        batches.batch_size or 1,
+        num_processes=num_processes,
+        split_batches=config.split_batches and batches.batch_size is not None,
+        process_index=process_index,
+        drop_last=batches.drop_last,
+        even_batches=config.even_batches,
+    )
+    options = _loader_options(dataloader, iterable=False)
+    return BatchShardedDataLoader(
+        dataloader.dataset, batches=batches, as_sampler=as_sampler, sharding=sharding, seed=seed, **options, **common
+    )

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
+from torch.utils.data import DataLoader, SequentialSampler, TensorDataset
 
 from runner.engine import Accelerator
 from runner.engine.data import SeedableRandomSampler, ShardedBatchSampler, batch_seed
@@ -118,13 +118,6 @@ def test_loaders_that_cannot_be_sharded_are_refused():
     accelerator = Accelerator()
     with pytest.raises(ValueError, match="needs a batched DataLoader; set batch_size"):
         accelerator.prepare(DataLoader(range(4), batch_size=None))
-
-    class MyBatches(BatchSampler):
-        pass
-
-    custom = MyBatches(SequentialSampler(range(4)), batch_size=2, drop_last=False)
-    with pytest.raises(ValueError, match=r"cannot shard a custom batch_sampler \(MyBatches\)"):
-        accelerator.prepare(DataLoader(range(4), batch_sampler=custom))
 
 
 def test_eval_loop_inside_an_epoch_does_not_end_the_training_loader():
