@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from runner.engine.batch_shards import BatchSamplerShard
 from runner.engine.ops import send_to_device
 from runner.engine.sampling import (
-    BatchSamplerShard,
     SeedableRandomSampler,
     SeededBatch,
     ShardedBatchSampler,

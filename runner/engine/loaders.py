@@ -15,9 +15,9 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from runner.engine import dispatch
+from runner.engine.batch_shards import BatchSamplerShard
 from runner.engine.data import BatchShardedDataLoader, DataLoaderConfiguration, PreparedDataLoader
 from runner.engine.sampling import (
-    BatchSamplerShard,
     SeedableRandomSampler,
     ShardedBatchSampler,
     Sharding,
@@ -66,7 +66,7 @@ def prepare_data_loader(
             (``batch_size`` set, or a ``batch_sampler``), or over a map-style dataset with a
             ``BatchSampler`` as its ``sampler`` and ``batch_size=None``. A batch sampler other than
             torch's own keeps its batches whole: each rank gets its share of them (see
-            :class:`~runner.engine.sampling.BatchSamplerShard`).
+            :class:`~runner.engine.batch_shards.BatchSamplerShard`).
         device: Where batches are moved, or None to leave them where the loader puts them.
         broadcast_seed: Makes rank 0's shuffle seed everyone's (a collective when distributed).
         on_epoch_start: Called when each pass begins (to synchronise RNG states, say).
@@ -93,6 +93,33 @@ def prepare_data_loader(
     batch_sampler = dataloader.batch_sampler
     if batch_sampler is None:
         raise ValueError("prepare() needs a batched DataLoader; set batch_size (not None) when building it.")
+    return _sample_sharded_loader(
+        dataloader,
+        device=device,
+        num_processes=num_processes,
+        process_index=process_index,
+        gradient_state=gradient_state,
+        config=config,
+        broadcast_seed=broadcast_seed,
+        on_epoch_start=on_epoch_start,
+        comm_device=comm_device,
+    )
+
+
+def _sample_sharded_loader(
+    dataloader: DataLoader,
+    *,
+    device,
+    num_processes: int,
+    process_index: int,
+    gradient_state,
+    config: DataLoaderConfiguration,
+    broadcast_seed: Callable[[int], int],
+    on_epoch_start: Callable[[], None] | None,
+    comm_device,
+) -> PreparedDataLoader:
+    """A loader cut into global batches of samples: sharded by index, dispatched from rank 0, or an iterable's slice."""
+    batch_sampler = dataloader.batch_sampler
     iterable = isinstance(dataloader.dataset, IterableDataset)
     sharding = Sharding.create(
         batch_sampler.batch_size,
