@@ -493,15 +493,14 @@ class Accelerator:
 
         A process that runs out of batches shadows the collectives of the DDP models in ``joinables``
         until every process has; then the last process to finish sends its weights to the others.
-        ``Join`` is enabled only where batches may be uneven: when ``even_batches`` (else the
-        ``DataLoaderConfiguration``'s) is False, or some prepared loader does not pad. Without DDP
-        (one process, FSDP) it does nothing and warns.
+        Under DDP ``Join`` is always on, as in Accelerate (loaders it did not prepare may be uneven
+        too). Without DDP (one process, FSDP) it does nothing and warns.
 
         Args:
             joinables: The prepared DDP models (any ``torch.distributed.algorithms.Joinable``).
             even_batches: Accelerate overrides the prepared loaders' ``even_batches`` with it inside the
                 block. Prepared loaders here fix it when prepared, so they keep theirs (with a warning
-                where it differs); only the choice to enable ``Join`` follows it.
+                where it differs).
 
         Example:
             >>> accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(even_batches=False))
@@ -527,11 +526,8 @@ class Accelerator:
                 "even_batches they were prepared with; set DataLoaderConfiguration(even_batches=...) instead.",
                 stacklevel=3,
             )
-        # Join costs an all-reduce per step, so it is left off only where every rank is sure to get as many
-        # batches: even_batches asked for, and every prepared loader pads.
-        requested = self.dataloader_config.even_batches if even_batches is None else even_batches
-        uneven = not requested or False in loader_settings
-        with Join(joinables, enable=uneven, throw_on_early_termination=False):
+        # Always on under DDP, as in Accelerate: a loader this Accelerator did not prepare may be uneven too.
+        with Join(joinables, enable=True, throw_on_early_termination=False):
             yield
 
     @contextlib.contextmanager

@@ -141,9 +141,10 @@ class BatchSamplerShard(Sampler[list]):
             step = upcoming
 
     def _is_full(self, step: list) -> bool:
+        """Whether a step needs no padding: all its batches, the last one full (Accelerate's test)."""
         if len(step) < self.batches_per_step:
             return False
-        return self.batch_size is None or all(len(batch) >= self.batch_size for batch in step)
+        return self.batch_size is None or len(step[-1]) >= self.batch_size
 
     def _check_split(self, step: list) -> None:
         if self.split_batches and len(step[0]) != self.batch_size:  # every rank sees the same batches: all raise
@@ -153,15 +154,18 @@ class BatchSamplerShard(Sampler[list]):
             )
 
     def _completed(self, step: list, head: list) -> list[list]:
-        """A short last step made full: each batch filled up to ``batch_size`` from the epoch's first batches."""
+        """A short last step made full as Accelerate makes it: its last batch filled up to ``batch_size``, and the
+        batches missing after it, from the epoch's first batches. Earlier batches stay as they are, so the
+        padding comes last and ``remainder`` counts exactly the real samples before it."""
         filler = [index for batch in (head[:1] if self.split_batches else head) for index in batch]
         needed = self.batches_per_step * self.batch_size
         filler = filler * -(-needed // max(len(filler), 1))
-        step, cursor = [*step, *([[]] * (self.batches_per_step - len(step)))], 0
-        for position, batch in enumerate(step):
-            missing = self.batch_size - len(batch)
+        real = len(step)
+        step, cursor = [*step, *([[]] * (self.batches_per_step - real))], 0
+        for position in range(real - 1, len(step)):
+            missing = self.batch_size - len(step[position])
             if missing > 0:
-                step[position] = list(batch) + filler[cursor : cursor + missing]
+                step[position] = list(step[position]) + filler[cursor : cursor + missing]
                 cursor += missing
         return step
 

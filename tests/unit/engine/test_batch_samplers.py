@@ -112,6 +112,24 @@ def test_padding_is_recorded_so_gather_for_metrics_can_drop_it():
     assert full.remainder == -1
 
 
+class Bucketing(Varying):
+    """Varying batch sizes below a batch_size of 3 (a bucketing sampler that declares its largest batch)."""
+
+    batch_size = 3
+
+
+def test_a_last_step_whose_last_batch_is_full_is_not_padded_and_padding_comes_last():
+    full_last = BatchSamplerShard(Bucketing([[0, 1, 2], [3, 4, 5], [6], [7, 8, 9]]), num_processes=2, process_index=0)
+    assert shards(full_last.batch_sampler) == [[[0, 1, 2], [6]], [[3, 4, 5], [7, 8, 9]]]
+    list(full_last)
+    assert full_last.remainder == -1  # nothing padded: gather_for_metrics keeps every sample once
+    short_last = Bucketing([[0, 1, 2], [3, 4, 5], [6], [7]])
+    assert shards(short_last) == [[[0, 1, 2], [6]], [[3, 4, 5], [7, 0, 1]]]  # [6] stays; [7] is filled
+    sharded = BatchSamplerShard(short_last, num_processes=2, process_index=1)
+    list(sharded)
+    assert sharded.remainder == 2  # the gathered last step [6, 7, 0, 1] keeps its first 2: samples 6 and 7
+
+
 def test_a_sampler_without_batch_size_needs_even_batches_off_on_several_processes():
     with pytest.raises(ValueError, match="even_batches needs a batch size, and the batch sampler Varying has no"):
         prepared(DataLoader(list(range(11)), batch_sampler=Varying()), world=2)
