@@ -89,7 +89,7 @@ def is_mps_available(min_version: str = "1.12") -> bool:
 
 def is_xpu_available(check_device: bool = False) -> bool:
     """Whether torch's own XPU backend (torch > 2.6) sees an Intel GPU."""
-    if TorchVersion(torch.__version__) <= "2.6" or not hasattr(torch, "xpu"):
+    if TorchVersion(torch.__version__.split("+")[0]) <= "2.6" or not hasattr(torch, "xpu"):
         return False
     try:
         if check_device:

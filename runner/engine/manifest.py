@@ -104,6 +104,7 @@ _POSITION_FIELDS = {
     ),
 }
 _LOADER_FIELDS = {"epoch": (_count, _COUNT), "samples_seen": (_count, _COUNT)}
+_BATCH_LOADER_FIELDS = {"batches_seen": (_count, _COUNT)}  # a loader that keeps the user's batches whole
 _CONTENTS_FIELDS = {
     **dict.fromkeys(("models", "optimizers", "schedulers", "custom_objects", "dataloaders"), (_count, _COUNT)),
     **dict.fromkeys(("scaler", "gradients"), (lambda value: isinstance(value, bool), "true or false")),
@@ -294,6 +295,9 @@ def _loaders_problem(record: dict) -> str | None:
             return problem
         if "seed" in position and type(position["seed"]) is not int:
             return f"dataloaders[{index}].seed is {_shown(position['seed'])}, not an integer"
+        problem = _fields_problem(position, _BATCH_LOADER_FIELDS, required=False, prefix=f"dataloaders[{index}].")
+        if problem:
+            return problem
     return None
 
 

@@ -115,6 +115,8 @@ def test_the_digest_covers_every_key_the_engine_and_the_caller_wrote(tmp_path):
          "dataloaders[0].samples_seen is -640, not a non-negative integer"),
         (lambda m: m["dataloaders"][0].pop("epoch"), "dataloaders[0].epoch is missing"),
         (lambda m: m["dataloaders"][0].update(seed="x"), "dataloaders[0].seed is 'x', not an integer"),
+        (lambda m: m["dataloaders"][0].update(batches_seen=-2),
+         "dataloaders[0].batches_seen is -2, not a non-negative integer"),
         (lambda m: m.update(state_format="pickle"), "state_format is 'pickle', not 'safetensors' or 'dcp'"),
         (lambda m: m.pop("contents"), "contents is missing"),
         (lambda m: m["contents"].update(optimizers="1"), "contents.optimizers is '1', not a non-negative integer"),
