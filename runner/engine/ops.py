@@ -138,7 +138,8 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
             before the broadcast, so none is left waiting).
 
     Example:
-        >>> weights = copy_tensor_to_devices(torch.load(path, weights_only=True) if accelerator.is_main_process else None)
+        >>> loaded = torch.load(path, weights_only=True) if accelerator.is_main_process else None
+        >>> weights = copy_tensor_to_devices(loaded)
     """
     if _world_size() == 1:
         if tensor is None:
