@@ -27,8 +27,13 @@ def notebook_launcher(
     master_addr: str = "127.0.0.1",
     node_rank: int = 0,
     num_nodes: int = 1,
+    rdzv_backend: str | None = None,
+    rdzv_endpoint: str = "",
+    rdzv_conf: dict[str, Any] | None = None,
+    rdzv_id: str | None = None,
     max_restarts: int = 0,
     monitor_interval: float = 0.1,
+    log_line_prefix_template: str | None = None,
 ) -> list[Any]:
     """Run ``function(*args)`` on ``num_processes`` processes and return their results by rank.
 
@@ -42,7 +47,18 @@ def notebook_launcher(
         use_port: The rendezvous port on ``master_addr``; by default a free port when there is one
             node, and 29500 with several.
         node_rank, num_nodes: This machine's place among several, all running the same call.
+        rdzv_backend: torch's rendezvous backend: ``"static"`` (the nodes' ranks are ``node_rank``,
+            the endpoint is the rank-0 node), ``"c10d"`` (nodes take ranks as they join; an
+            endpoint any node can host) or another registered one. By default ``"c10d"`` on one
+            node (so port 0 can pick a free port) and ``"static"`` on several.
+        rdzv_endpoint: ``host:port`` of the rendezvous; ``master_addr:use_port`` by default.
+        rdzv_conf: Extra options of the rendezvous backend (torch's ``rdzv_configs``, such as
+            ``{"timeout": 1800}``); for ``"static"`` the node's ``rank`` is added.
+        rdzv_id: The job's id, the same on every node (``"notebook"`` with several nodes, else fresh).
         max_restarts: Restart every worker this many times after a failure (elastic).
+        monitor_interval: Seconds between the agent's checks of its workers.
+        log_line_prefix_template: The prefix of each worker's output lines, in torch's template
+            (``"[${role_name}${rank}]: "``, say); torch's own by default.
 
     Returns:
         ``function``'s return value on each of this machine's processes, in rank order.
@@ -58,19 +74,26 @@ def notebook_launcher(
             "notebook_launcher forks its workers, and CUDA has already been initialised in this process; "
             "restart the kernel and create models and tensors on the GPU only inside the launched function."
         )
-    port = use_port if use_port is not None else (0 if num_nodes == 1 else 29500)
+    if rdzv_backend is None:
+        rdzv_backend = "c10d" if num_nodes == 1 else "static"
+    if not rdzv_endpoint:
+        port = use_port if use_port is not None else (0 if num_nodes == 1 and rdzv_backend == "c10d" else 29500)
+        rdzv_endpoint = f"{master_addr}:{port}"
     results = elastic_run(
         function,
         args,
         num_processes=num_processes,
-        rdzv_endpoint=f"{master_addr}:{port}",
+        rdzv_endpoint=rdzv_endpoint,
         start_method="fork",
         environment=environment,
         num_nodes=num_nodes,
-        node_rank=node_rank if num_nodes > 1 else None,
-        run_id="notebook" if num_nodes > 1 else None,
+        rdzv_backend=rdzv_backend,
+        rdzv_configs=dict(rdzv_conf or {}),
+        node_rank=node_rank if rdzv_backend == "static" else None,
+        run_id=rdzv_id or ("notebook" if num_nodes > 1 else None),
         max_restarts=max_restarts,
         monitor_interval=monitor_interval,
+        log_line_prefix_template=log_line_prefix_template,
     )
     return _by_rank(results)
 
@@ -105,10 +128,13 @@ def elastic_run(
     environment: dict[str, str] | None = None,
     num_nodes: int = 1,
     node_rank: int | None = None,
+    rdzv_backend: str | None = None,
+    rdzv_configs: dict[str, Any] | None = None,
     run_id: str | None = None,
     max_restarts: int = 0,
     monitor_interval: float = 0.05,
     rdzv_timeout: int = -1,
+    log_line_prefix_template: str | None = None,
 ) -> dict[int, Any]:
     """Run ``function(*args)`` as this node's share of an elastic job; return the results by global rank.
 
@@ -116,8 +142,10 @@ def elastic_run(
         rdzv_endpoint: ``host:port`` of the rendezvous; port 0 takes a free port (one node only).
         environment: Variables set for the workers (restored here afterwards). OMP_NUM_THREADS is
             added, like torchrun does, splitting the cores between the workers, unless already set.
-        node_rank: With several nodes, this node's rank under a static rendezvous; None uses c10d's
-            dynamic rendezvous, where nodes take ranks in the order they join.
+        node_rank: This node's rank under a static rendezvous; None uses c10d's dynamic rendezvous,
+            where nodes take ranks in the order they join.
+        rdzv_backend: The rendezvous backend, when not the one ``node_rank`` implies.
+        rdzv_configs: Options of the rendezvous backend (``rank`` is set from ``node_rank``).
         run_id: The job's id, the same on every node; a fresh one by default.
         rdzv_timeout: Seconds to wait for every node to join the rendezvous (-1: torch's default, 900).
 
@@ -127,10 +155,13 @@ def elastic_run(
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    if node_rank is None:
-        rendezvous = {"rdzv_backend": "c10d"}
-    else:
-        rendezvous = {"rdzv_backend": "static", "rdzv_configs": {"rank": node_rank}}
+    rdzv_configs = dict(rdzv_configs or {})
+    if node_rank is not None:
+        rdzv_configs["rank"] = node_rank
+    rendezvous = {
+        "rdzv_backend": rdzv_backend or ("c10d" if node_rank is None else "static"),
+        "rdzv_configs": rdzv_configs,
+    }
     config = LaunchConfig(
         min_nodes=num_nodes,
         max_nodes=num_nodes,
@@ -142,6 +173,7 @@ def elastic_run(
         rdzv_timeout=rdzv_timeout,
         start_method=start_method,
         logs_specs=DefaultLogsSpecs(),
+        log_line_prefix_template=log_line_prefix_template,
         **rendezvous,
     )
     environment = dict(environment or {})

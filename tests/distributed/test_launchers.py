@@ -1,5 +1,7 @@
 """notebook_launcher and debug_launcher start real process groups and hand back each rank's result."""
 
+import socket
+
 import pytest
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -12,6 +14,12 @@ def _describe(offset):
     accelerator = Accelerator()
     total = accelerator.reduce(torch.tensor([accelerator.process_index + offset]))
     return accelerator.process_index, accelerator.num_processes, accelerator.mixed_precision, total.item()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _fail_on_rank_one():
@@ -35,3 +43,47 @@ def test_debug_launcher_uses_the_cpu_and_reports_a_failing_rank(monkeypatch):
     assert debug_launcher(_describe, args=(0,)) == [(0, 2, "no", 1), (1, 2, "no", 1)]
     with pytest.raises(ChildFailedError, match="rank one gives up"):
         debug_launcher(_fail_on_rank_one)
+
+
+def test_notebook_launcher_takes_accelerates_rendezvous_arguments(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    results = notebook_launcher(
+        _describe,
+        args=(1,),
+        num_processes=2,
+        rdzv_backend="static",
+        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        rdzv_conf={"timeout": 120},
+        rdzv_id="parity",
+        log_line_prefix_template="[worker ${rank}] ",
+    )
+    assert results == [(0, 2, "no", 3), (1, 2, "no", 3)]
+
+
+def test_notebook_launcher_hands_the_rendezvous_to_torchs_launch_config(monkeypatch):
+    import torch.distributed.launcher.api as api
+
+    seen = {}
+
+    def fake_launch(config, entrypoint):
+        seen["config"] = config
+        return lambda *args: {0: "a", 1: "b"}
+
+    monkeypatch.setattr(api, "elastic_launch", fake_launch)
+    results = notebook_launcher(
+        _describe,
+        num_processes=2,
+        num_nodes=2,
+        node_rank=1,
+        master_addr="10.0.0.1",
+        use_port=29600,
+        rdzv_conf={"timeout": 60},
+        rdzv_id="job-7",
+        log_line_prefix_template="[${rank}] ",
+    )
+    config = seen["config"]
+    assert results == ["a", "b"]
+    assert (config.rdzv_backend, config.rdzv_endpoint, config.run_id) == ("static", "10.0.0.1:29600", "job-7")
+    assert config.rdzv_configs == {"timeout": 60, "rank": 1}
+    assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (2, 2, 2)
+    assert config.log_line_prefix_template == "[${rank}] "
