@@ -12,8 +12,13 @@ from runner.engine.data import DataLoaderConfiguration
 from runner.engine.distributed import DistributedType
 from runner.engine.launchers import debug_launcher, notebook_launcher
 from runner.engine.memory import find_executable_batch_size
+from runner.engine.ops import DistributedOperationException
 from runner.engine.optimizer import AcceleratedOptimizer, AcceleratedScheduler, GradientAccumulationPlugin
-from runner.engine.parallel import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin
+from runner.engine.parallel import (
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    FullyShardedDataParallelPlugin,
+)
 from runner.engine.precision import AutocastKwargs, GradScalerKwargs
 from runner.engine.rng import set_seed
 from runner.engine.serialization import load_checkpoint_in_model
@@ -24,8 +29,10 @@ __all__ = [
     "Accelerator",
     "AutocastKwargs",
     "CheckpointError",
+    "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
+    "DistributedOperationException",
     "DistributedType",
     "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",

@@ -151,7 +151,9 @@ class Accelerator:
             param_dtype={PrecisionType.BF16: torch.bfloat16, PrecisionType.FP16: torch.float16}.get(precision),
         )
         # Built last: it reports the strategy and precision chosen above. Each Accelerator has its own.
-        self.state = AcceleratorState.of(env, fsdp=self._strategy.name == "fsdp", mixed_precision=precision.value)
+        self.state = AcceleratorState.of(
+            env, fsdp=self._strategy.name == "fsdp", mixed_precision=precision.value, debug=ops.is_debug_mode()
+        )
 
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []

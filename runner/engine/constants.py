@@ -25,6 +25,9 @@ INCOMPLETE_SUFFIX = ".incomplete"
 # Defaults an Accelerator() reads from its environment (set by notebook_launcher / debug_launcher).
 MIXED_PRECISION_ENV = "RUNNER_MIXED_PRECISION"
 USE_CPU_ENV = "RUNNER_USE_CPU"
+# Debug mode (runner.engine.ops checks shapes before each collective): ours, and the name Accelerate reads.
+DEBUG_MODE_ENV = "RUNNER_DEBUG_MODE"
+ACCELERATE_DEBUG_MODE_ENV = "ACCELERATE_DEBUG_MODE"
 
 
 def indexed_name(stem: str, index: int, suffix: str) -> str:

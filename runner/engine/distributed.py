@@ -106,6 +106,8 @@ class AcceleratorState(DistributedEnvironment):
     Args:
         fsdp: The Accelerator shards models with FSDP (``distributed_type`` is then ``FSDP``).
         mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``.
+        debug: Debug mode was on when it was built (``ACCELERATE_DEBUG_MODE=1``): collectives check
+            their tensors' shapes across processes first (see :mod:`runner.engine.ops`).
 
     Example:
         >>> state = AcceleratorState.of(read_environment(), fsdp=False, mixed_precision="bf16")
@@ -115,13 +117,17 @@ class AcceleratorState(DistributedEnvironment):
 
     fsdp: bool = False
     mixed_precision: str = "no"
+    debug: bool = False
 
     @classmethod
-    def of(cls, env: DistributedEnvironment, *, fsdp: bool, mixed_precision: str) -> AcceleratorState:
+    def of(
+        cls, env: DistributedEnvironment, *, fsdp: bool, mixed_precision: str, debug: bool = False
+    ) -> AcceleratorState:
         return cls(
             **{field.name: getattr(env, field.name) for field in fields(DistributedEnvironment)},
             fsdp=fsdp,
             mixed_precision=mixed_precision,
+            debug=debug,
         )
 
     @property

@@ -3,10 +3,19 @@
 Every function works in a single process too (it then returns its input, or a copy where the
 distributed version would return a new tensor). In a process group each one is a collective: every
 rank must call it, in the same order, or the job hangs.
+
+Debug mode (Accelerate's): with ``ACCELERATE_DEBUG_MODE`` or ``RUNNER_DEBUG_MODE`` set to 1, true or
+yes, :func:`gather` (and so ``gather_for_metrics``), :func:`reduce`, :func:`broadcast` and
+:func:`pad_across_processes` first exchange the shapes of their tensors in one small object
+all-gather. Where they cannot work together (different shapes; for padding, different numbers of
+dimensions) every rank raises the same :class:`DistributedOperationException`, naming the operation
+and each process's shapes, instead of hanging in the collective until the timeout. Without it they
+add no collective; the environment is read on each call, so it can be switched on mid-run.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -14,12 +23,51 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runner.engine.constants import ACCELERATE_DEBUG_MODE_ENV, DEBUG_MODE_ENV
+
 # torch 2.13 renamed all_gather_into_tensor (and warns on the old name); older releases only have it.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+class DistributedOperationException(Exception):
+    """A collective's tensors cannot work together across the processes (Accelerate's name).
+
+    Raised in debug mode only (see the module docstring), on every rank alike and before the
+    collective, so no rank is left waiting.
+    """
+
+
+def is_debug_mode() -> bool:
+    """Whether ``ACCELERATE_DEBUG_MODE`` or ``RUNNER_DEBUG_MODE`` is ``1``, ``true`` or ``yes`` (any case)."""
+    names = (DEBUG_MODE_ENV, ACCELERATE_DEBUG_MODE_ENV)
+    return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes") for name in names)
+
+
+def _verify_shapes(
+    operation: str, tensor: Any, *, must_match: Callable[[list[int]], Any] = list, rule: str, hint: str
+) -> None:
+    """In debug mode, raise on every rank unless ``must_match`` of each tensor's shape agrees on all of them.
+
+    One object all-gather; every rank sees every rank's shapes and so takes the same decision.
+    """
+    if not is_debug_mode():
+        return
+    shapes: list[list[int]] = []
+    recursively_apply(lambda t: shapes.append(list(t.shape)), tensor)
+    per_rank = gather_object([shapes])
+    required = [[must_match(shape) for shape in rank_shapes] for rank_shapes in per_rank]
+    if all(item == required[0] for item in required):
+        return
+    listed = "; ".join(f"process {rank}: {_describe(rank_shapes)}" for rank, rank_shapes in enumerate(per_rank))
+    raise DistributedOperationException(f"Cannot apply {operation}: {rule}: {listed}. {hint}")
+
+
+def _describe(shapes: list[list[int]]) -> str:
+    return ", ".join(map(str, shapes)) if shapes else "no tensors"
 
 
 def recursively_apply(func: Callable[[torch.Tensor], Any], data: Any) -> Any:
@@ -84,12 +132,21 @@ def gather(tensor: Any) -> Any:
         The same structure, each tensor ``num_processes`` times longer and detached from the
         autograd graph (on one process too, so a loop behaves the same at every world size).
 
+    Raises:
+        DistributedOperationException: In debug mode, the shapes differ between processes.
+
     Example:
         >>> losses = gather(loss)  # fine on a loss that requires grad; ``losses.requires_grad`` is False
     """
     world_size = _world_size()
     if world_size == 1:
         return recursively_apply(torch.Tensor.detach, tensor)
+    _verify_shapes(
+        "gather",
+        tensor,
+        rule="the tensors' shapes differ across processes (all must match)",
+        hint="Make them equal on every process; pad_across_processes evens out one dimension.",
+    )
     return recursively_apply(lambda t: _gather_tensor(t, world_size), tensor)
 
 
@@ -104,9 +161,20 @@ def gather_object(obj: list[Any]) -> list[Any]:
 
 
 def broadcast(tensor: Any, from_process: int = 0) -> Any:
-    """Overwrite every tensor in ``tensor`` with ``from_process``'s, in place; returns it."""
+    """Overwrite every tensor in ``tensor`` with ``from_process``'s, in place; returns it.
+
+    Raises:
+        DistributedOperationException: In debug mode, a process's shapes differ from ``from_process``'s.
+    """
     if _world_size() == 1:
         return tensor
+    # Every rank must receive into tensors of the source's shapes; equal everywhere is the same test.
+    _verify_shapes(
+        "broadcast",
+        tensor,
+        rule=f"the tensors' shapes differ across processes (all must match the source, process {from_process})",
+        hint="Allocate the receiving tensors with the source's shapes (copy_tensor_to_devices needs no shapes).",
+    )
 
     def _broadcast(t: torch.Tensor) -> torch.Tensor:
         dist.broadcast(t, src=from_process)
@@ -186,6 +254,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     Raises:
         ValueError: ``reduction`` is not one of the names above (raised on every rank before any
             collective, so no rank is left waiting).
+        DistributedOperationException: In debug mode, the shapes differ between processes.
 
     Example:
         >>> reduce(torch.tensor([float(rank)]), reduction="max")  # tensor([1.]) on 2 processes
@@ -194,6 +263,13 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
         raise ValueError(f"reduction={reduction!r} is not supported; use one of {', '.join(map(repr, _REDUCE_OPS))}.")
     world_size = _world_size()
     op_name = _REDUCE_OPS[reduction]
+    if world_size > 1 and op_name is not None:  # "none" runs no collective, so nothing can hang
+        _verify_shapes(
+            "reduce",
+            tensor,
+            rule="the tensors' shapes differ across processes (all must match)",
+            hint="Make them equal on every process.",
+        )
 
     def _reduce(t: torch.Tensor) -> torch.Tensor:
         result = t.clone()  # all_reduce works in place; the caller's tensor stays untouched
@@ -213,10 +289,22 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
         dim: The dimension whose size differs between processes.
         pad_index: The value to pad with.
         pad_first: Pad at the start instead of the end.
+
+    Raises:
+        DistributedOperationException: In debug mode, the numbers of dimensions differ between processes.
     """
     world_size = _world_size()
     if world_size == 1:
         return tensor
+    # Sizes may differ; the number of dimensions may not: a process whose tensor lacks `dim` skips
+    # the size exchange the others wait in.
+    _verify_shapes(
+        "pad_across_processes",
+        tensor,
+        must_match=len,
+        rule="the tensors' numbers of dimensions differ across processes (all must match)",
+        hint="Pass tensors with the same number of dimensions on every process.",
+    )
 
     def _pad(t: torch.Tensor) -> torch.Tensor:
         if dim >= t.ndim or dim < -t.ndim:

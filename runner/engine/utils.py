@@ -21,6 +21,7 @@ from runner.engine.imports import (
 from runner.engine.launchers import debug_launcher, notebook_launcher
 from runner.engine.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
 from runner.engine.ops import (
+    DistributedOperationException,
     broadcast,
     broadcast_object_list,
     copy_tensor_to_devices,
@@ -31,15 +32,21 @@ from runner.engine.ops import (
     send_to_device,
 )
 from runner.engine.optimizer import GradientAccumulationPlugin
-from runner.engine.parallel import DistributedDataParallelKwargs, FullyShardedDataParallelPlugin
+from runner.engine.parallel import (
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    FullyShardedDataParallelPlugin,
+)
 from runner.engine.precision import AutocastKwargs, GradScalerKwargs, PrecisionType
 from runner.engine.rng import set_seed, synchronize_rng_states
 from runner.engine.serialization import load_checkpoint_in_model
 
 __all__ = [
     "AutocastKwargs",
+    "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
+    "DistributedOperationException",
     "DistributedType",
     "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 from runner.engine.distributed import DistributedEnvironment
 from runner.engine.parallel.base import CheckpointReader, CheckpointWriter, ParallelStrategy, unwrap_module
-from runner.engine.parallel.ddp import DDPStrategy, DistributedDataParallelKwargs, sync_in_next_backward
+from runner.engine.parallel.ddp import (
+    DDPCommunicationHookType,
+    DDPStrategy,
+    DistributedDataParallelKwargs,
+    sync_in_next_backward,
+)
 from runner.engine.parallel.fsdp import FSDPStrategy, FullyShardedDataParallelPlugin
 from runner.engine.parallel.none import SingleProcessStrategy
 
 __all__ = [
     "CheckpointReader",
     "CheckpointWriter",
+    "DDPCommunicationHookType",
     "DDPStrategy",
     "DistributedDataParallelKwargs",
     "FSDPStrategy",
