@@ -115,6 +115,7 @@ def resumable_run(
     augment: bool = False,
     num_workers: int = 0,
     fsdp: bool = False,
+    seedable: bool = False,
 ) -> dict:
     """A plain engine script that trains with shuffling and dropout, optionally stopping after
     ``stop_after`` micro-steps (saving a checkpoint) or resuming from the newest checkpoint.
@@ -122,10 +123,17 @@ def resumable_run(
     Returns what a comparison needs: the sample ids each micro-step used, the losses, and (when it
     ran to the end) the final weights and optimizer state.
     """
-    from runner.engine import Accelerator, FullyShardedDataParallelPlugin, GradScalerKwargs, ProjectConfiguration
+    from runner.engine import (
+        Accelerator,
+        DataLoaderConfiguration,
+        FullyShardedDataParallelPlugin,
+        GradScalerKwargs,
+        ProjectConfiguration,
+    )
     from runner.engine.sharded_state import gather_full
 
     accelerator = Accelerator(
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=seedable),
         gradient_accumulation_steps=accumulation,
         mixed_precision=precision,
         project_config=ProjectConfiguration(str(project_dir), automatic_checkpoint_naming=True),

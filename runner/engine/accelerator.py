@@ -328,7 +328,8 @@ class Accelerator:
             process_index=self.process_index,
             gradient_state=self.gradient_state,
             config=self.dataloader_config,
-            broadcast_seed=lambda seed: ops.broadcast_object_list([seed])[0],
+            broadcast_seed=_rank_zeros,
+            share=_rank_zeros,
             on_epoch_start=self._on_epoch_start if self._syncs_rng() else None,
             comm_device=self.device if self.state.backend == "nccl" else torch.device("cpu"),
         )
@@ -812,3 +813,8 @@ def _only_when(function: Callable, condition: Callable[[], bool]) -> Callable:
         return function(*args, **kwargs) if condition() else None
 
     return wrapper
+
+
+def _rank_zeros(value: Any) -> Any:
+    """Rank 0's ``value`` on every process (picklable; the value itself on one process)."""
+    return ops.broadcast_object_list([value])[0]

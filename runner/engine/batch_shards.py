@@ -62,6 +62,7 @@ class BatchSamplerShard(Sampler[list]):
         self.num_processes, self.process_index = num_processes, process_index
         self.split_batches, self.even_batches = split_batches, even_batches
         self.seed, self.as_indices = seed, as_indices
+        self.reseeds = True  # False when a PlainShuffle draws the order
         self.epoch = 0
         self.skip_batches = 0
         self.remainder = -1
@@ -88,7 +89,7 @@ class BatchSamplerShard(Sampler[list]):
         for target in (self.batch_sampler, self.sampler):
             if hasattr(target, "set_epoch"):
                 target.set_epoch(epoch)
-            elif isinstance(getattr(target, "generator", None), torch.Generator):
+            elif self.reseeds and isinstance(getattr(target, "generator", None), torch.Generator):
                 # A batch sampler shuffled by its own generator: the same batches on every rank, new each epoch.
                 target.generator.manual_seed((self.seed + epoch) % 2**64)
 

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from runner.engine.batch_shards import BatchSamplerShard
 from runner.engine.ops import send_to_device
 from runner.engine.sampling import (
+    PlainShuffle,
     SeedableRandomSampler,
     SeededBatch,
     ShardedBatchSampler,
@@ -35,6 +36,7 @@ __all__ = [
     "BatchSamplerShard",
     "BatchShardedDataLoader",
     "DataLoaderConfiguration",
+    "PlainShuffle",
     "PreparedDataLoader",
     "SeedableRandomSampler",
     "SeededBatch",
@@ -59,23 +61,32 @@ class DataLoaderConfiguration:
         even_batches: Pad the last global batch with samples from the start of the epoch so every
             process runs the same number of steps. Without it some processes may get a smaller last
             batch, or none.
-        use_seedable_sampler: Accepted for compatibility; shuffling here is always seeded, identical
-            across processes and different each epoch.
+        use_seedable_sampler: Shuffle from a :class:`SeedableRandomSampler`, whose order is a function of
+            the seed and the epoch (``set_epoch``). Off (the default, as in Accelerate), a prepared
+            loader draws its order exactly as the unprepared one does, from the loader's generator or
+            torch's global one (see :class:`PlainShuffle`): on one process it yields the plain loader's
+            batches, on several the same order cut into per-rank slices. Either way the order is the
+            same on every process and resumes exactly.
         use_stateful_dataloader: Accepted for compatibility; prepared loaders always record their
             position in ``save_state`` and continue from it after ``load_state``.
         non_blocking: Copy batches to the GPU with ``non_blocking=True`` (pair it with pin_memory).
-        data_seed: The seed prepared loaders shuffle from (and seed their workers and batches from),
-            as Accelerate's seedable sampler does. None (the default): the loader's generator's
-            seed if it has one, else torch's initial seed; rank 0's either way.
+        data_seed: The seed of the seedable sampler (giving one turns ``use_seedable_sampler`` on),
+            which also seeds the loader's workers and batches. None (the default): the loader's
+            generator's seed if it has one, else torch's initial seed; rank 0's either way.
     """
 
     split_batches: bool = False
     dispatch_batches: bool | None = None
     even_batches: bool = True
-    use_seedable_sampler: bool = True
+    use_seedable_sampler: bool = False
     use_stateful_dataloader: bool = True
     non_blocking: bool = False
     data_seed: int | None = None
+
+    @property
+    def seedable(self) -> bool:
+        """Whether prepared loaders shuffle with a :class:`SeedableRandomSampler`."""
+        return self.use_seedable_sampler or self.data_seed is not None
 
 
 class PreparedDataLoader(DataLoader):
@@ -101,10 +112,12 @@ class PreparedDataLoader(DataLoader):
         sharding: Sharding,
         on_epoch_start: Callable[[], None] | None = None,
         seed: int = 0,
+        shuffle: PlainShuffle | None = None,
         **kwargs,
     ):
         super().__init__(dataset, generator=torch.Generator(), **kwargs)
         self.seed = seed
+        self.shuffle = shuffle  # draws each pass's order as the unprepared loader does, if it shuffles so
         self.sharding = sharding
         self.on_epoch_start = on_epoch_start
         self.device = device
@@ -164,14 +177,18 @@ class PreparedDataLoader(DataLoader):
         Positions count samples, not batches, so a run can continue on another number of processes.
         """
         key = self._position_key
+        complete = False
         if self._skip_on_next_pass:  # loaded, not iterated yet: the position is the pending one
             state = {"epoch": self.iteration, key: self._skip_on_next_pass}
         elif self._pass_batches and self._batches_yielded == self._pass_batches:
             state = {"epoch": self.iteration + 1, key: 0}  # complete; the generator has not returned
+            complete = True
         else:
             state = {"epoch": self.iteration, key: self._position}
         if self._shuffler is not None:
             state["seed"] = self._shuffler.seed
+        if self.shuffle is not None:
+            state.update(self.shuffle.state(between_passes=complete))
         return state
 
     def load_state_dict(self, state: dict[str, int]) -> None:
@@ -180,6 +197,13 @@ class PreparedDataLoader(DataLoader):
             raise ValueError(
                 f"This loader's position has no {self._position_key!r} (it records {sorted(state)}): a loader that "
                 "counts its position differently saved it; prepare the same kind of DataLoader as the saved run."
+            )
+        if self.shuffle is not None:
+            self.shuffle.load(state)
+        elif "generators" in state:
+            raise ValueError(
+                "This loader's saved position records the generators of a plain shuffle, but this loader shuffles "
+                "with a seedable sampler (or not at all); prepare it as the saved run did (use_seedable_sampler)."
             )
         self.iteration = state["epoch"]
         self._skip_on_next_pass = state[self._position_key]
@@ -204,11 +228,15 @@ class PreparedDataLoader(DataLoader):
         # resumed run. 7919 and 104729 are primes: no two (epoch, rank) pairs of a real run collide.
         rank = self.sharding.process_index
         self.generator.manual_seed((self.seed + 7919 * self.iteration + 104729 * rank) % 2**64)
+        if self.shuffle is not None:
+            self.shuffle.begin_pass()
         self.gradient_state.activate(self)
         try:
             yield from self._pass(skip)
             self.iteration += 1
             self._skipped_this_pass = self._batches_yielded = self._pass_batches = 0
+            if self.shuffle is not None:
+                self.shuffle.end_pass()
         finally:
             self.gradient_state.deactivate(self)
 

@@ -18,6 +18,7 @@ from runner.engine import dispatch
 from runner.engine.batch_shards import BatchSamplerShard
 from runner.engine.data import BatchShardedDataLoader, DataLoaderConfiguration, PreparedDataLoader
 from runner.engine.sampling import (
+    PlainShuffle,
     SeedableRandomSampler,
     ShardedBatchSampler,
     Sharding,
@@ -56,6 +57,7 @@ def prepare_data_loader(
     gradient_state,
     config: DataLoaderConfiguration,
     broadcast_seed: Callable[[int], int] = lambda seed: seed,
+    share: Callable[[Any], Any] = lambda value: value,
     on_epoch_start: Callable[[], None] | None = None,
     comm_device: torch.device | None = None,
 ) -> PreparedDataLoader:
@@ -69,6 +71,8 @@ def prepare_data_loader(
             :class:`~runner.engine.batch_shards.BatchSamplerShard`).
         device: Where batches are moved, or None to leave them where the loader puts them.
         broadcast_seed: Makes rank 0's shuffle seed everyone's (a collective when distributed).
+        share: Makes rank 0's value (a generator's state, a seed) everyone's, as each pass begins
+            (a collective when distributed).
         on_epoch_start: Called when each pass begins (to synchronise RNG states, say).
         comm_device: Where dispatched batches travel between processes (the GPU under NCCL).
 
@@ -85,6 +89,7 @@ def prepare_data_loader(
             process_index=process_index,
             config=config,
             seed=_shuffle_seed(dataloader, broadcast_seed, config.data_seed),
+            share=share,
             device=device,
             gradient_state=gradient_state,
             non_blocking=config.non_blocking,
@@ -101,6 +106,7 @@ def prepare_data_loader(
         gradient_state=gradient_state,
         config=config,
         broadcast_seed=broadcast_seed,
+        share=share,
         on_epoch_start=on_epoch_start,
         comm_device=comm_device,
     )
@@ -115,6 +121,7 @@ def _sample_sharded_loader(
     gradient_state,
     config: DataLoaderConfiguration,
     broadcast_seed: Callable[[int], int],
+    share: Callable[[Any], Any],
     on_epoch_start: Callable[[], None] | None,
     comm_device,
 ) -> PreparedDataLoader:
@@ -131,6 +138,7 @@ def _sample_sharded_loader(
     )
     seed = _shuffle_seed(dataloader, broadcast_seed, config.data_seed)
     options = _loader_options(dataloader, iterable=iterable)
+    sampler, shuffle = _shuffled(batch_sampler.sampler, seed, dataloader, config, share)
     common = {
         "device": device,
         "gradient_state": gradient_state,
@@ -138,11 +146,12 @@ def _sample_sharded_loader(
         "sharding": sharding,
         "on_epoch_start": on_epoch_start,
         "seed": seed,
+        "shuffle": shuffle,
         **options,
     }
     dispatch_batches = iterable if config.dispatch_batches is None else config.dispatch_batches
     if num_processes > 1 and dispatch_batches:
-        return _dispatched_loader(dataloader, comm_device=comm_device, iterable=iterable, **common)
+        return _dispatched_loader(dataloader, sampler, comm_device=comm_device, iterable=iterable, **common)
     if iterable:
         if options.get("num_workers", 0) > 0 and num_processes > 1:
             raise ValueError(
@@ -152,7 +161,9 @@ def _sample_sharded_loader(
             )
         shard = dispatch.IterableDatasetShard(dataloader.dataset, sharding)
         return dispatch.ShardedIterableLoader(shard, batch_size=sharding.per_process, **common)
-    return PreparedDataLoader(dataloader.dataset, batch_sampler=_sharded_sampler(dataloader, sharding, seed), **common)
+    return PreparedDataLoader(
+        dataloader.dataset, batch_sampler=_sharded_sampler(sampler, sharding, seed, shuffle), **common
+    )
 
 
 def _user_batch_sampler(dataloader: DataLoader):
@@ -180,7 +191,7 @@ def _loader_options(dataloader: DataLoader, *, iterable: bool) -> dict[str, Any]
 
 
 def _dispatched_loader(
-    dataloader: DataLoader, *, comm_device: torch.device | None, iterable: bool, **common: Any
+    dataloader: DataLoader, sampler, *, comm_device: torch.device | None, iterable: bool, **common: Any
 ) -> dispatch.DispatchedDataLoader:
     """A loader whose global batches rank 0 loads and sends to every rank (``common``: the loader's settings)."""
     sharding = common["sharding"]
@@ -192,7 +203,7 @@ def _dispatched_loader(
             comm_device=comm_device,
             **common,
         )
-    sampled = _sharded_sampler(dataloader, sharding, common["seed"])
+    sampled = _sharded_sampler(sampler, sharding, common["seed"], common["shuffle"])
     return dispatch.DispatchedDataLoader(
         dataloader.dataset, batch_sampler=dispatch.GlobalBatches(sampled), comm_device=comm_device, **common
     )
@@ -210,10 +221,27 @@ def _seeded(sampler, seed: int):
     return sampler
 
 
-def _sharded_sampler(dataloader: DataLoader, sharding: Sharding, seed: int) -> ShardedBatchSampler:
-    """The loader's sampler, seeded alike on every rank, behind a :class:`ShardedBatchSampler`."""
-    sharded = ShardedBatchSampler(_seeded(dataloader.batch_sampler.sampler, seed), sharding=sharding)
+def _shuffled(sampler, seed: int, dataloader: DataLoader, config: DataLoaderConfiguration, share):
+    """The sampler a prepared loader draws from, and the :class:`PlainShuffle` that draws it (None if seedable).
+
+    Seedable (``use_seedable_sampler`` or a ``data_seed``): a ``RandomSampler`` becomes a
+    :class:`SeedableRandomSampler`. Otherwise a sampler with a ``generator`` (and no ``set_epoch``)
+    draws each pass's order as the unprepared loader would; it is copied, so that the pass's new
+    generator a sampler without one gets leaves the user's sampler as it was.
+    """
+    if config.seedable:
+        return _seeded(sampler, seed), None
+    if hasattr(sampler, "generator") and not hasattr(sampler, "set_epoch"):
+        sampler = copy.copy(sampler)
+        return sampler, PlainShuffle(sampler, dataloader.generator, share)
+    return sampler, None
+
+
+def _sharded_sampler(sampler, sharding: Sharding, seed: int, shuffle: PlainShuffle | None) -> ShardedBatchSampler:
+    """The loader's sampler (seeded alike on every rank, or drawn by ``shuffle``) behind a ShardedBatchSampler."""
+    sharded = ShardedBatchSampler(sampler, sharding=sharding)
     sharded.seed = seed
+    sharded.reseeds_sampler = shuffle is None
     return sharded
 
 
@@ -225,6 +253,7 @@ def _batch_sharded_loader(
     process_index: int,
     config: DataLoaderConfiguration,
     seed: int,
+    share: Callable[[Any], Any],
     **common: Any,
 ) -> BatchShardedDataLoader:
     """A loader handing each rank its share of the user's batches, kept whole (Accelerate's ``BatchSamplerShard``)."""
@@ -235,9 +264,11 @@ def _batch_sharded_loader(
             "set dispatch_batches=False (or leave it None) for this loader."
         )
     # A shallow copy, so that seeding its sampler (or its generator) leaves the user's loader as it was.
-    user_batches = _seeded(copy.copy(user_batches), seed)
+    user_batches, shuffle = copy.copy(user_batches), None
     if hasattr(user_batches, "sampler"):
-        user_batches.sampler = _seeded(user_batches.sampler, seed)
+        user_batches.sampler, shuffle = _shuffled(user_batches.sampler, seed, dataloader, config, share)
+    if shuffle is None:  # shuffled by the batch sampler's own generator, if at all
+        user_batches, shuffle = _shuffled(user_batches, seed, dataloader, config, share)
     as_sampler = dataloader.batch_sampler is None
     batches = BatchSamplerShard(
         user_batches,
@@ -248,6 +279,7 @@ def _batch_sharded_loader(
         seed=seed,
         as_indices=not as_sampler,
     )
+    batches.reseeds = shuffle is None
     sharding = Sharding.create(
         batches.batch_size or 1,
         num_processes=num_processes,
@@ -258,5 +290,12 @@ def _batch_sharded_loader(
     )
     options = _loader_options(dataloader, iterable=False)
     return BatchShardedDataLoader(
-        dataloader.dataset, batches=batches, as_sampler=as_sampler, sharding=sharding, seed=seed, **options, **common
+        dataloader.dataset,
+        batches=batches,
+        as_sampler=as_sampler,
+        sharding=sharding,
+        seed=seed,
+        shuffle=shuffle,
+        **options,
+        **common,
     )

@@ -105,6 +105,15 @@ _POSITION_FIELDS = {
 }
 _LOADER_FIELDS = {"epoch": (_count, _COUNT), "samples_seen": (_count, _COUNT)}
 _BATCH_LOADER_FIELDS = {"batches_seen": (_count, _COUNT)}  # a loader that keeps the user's batches whole
+# What a plain shuffle drew its pass from (runner.engine.sampling.PlainShuffle).
+_SHUFFLE_FIELDS = {
+    "generators": (
+        lambda value: isinstance(value, list) and all(isinstance(state, str) for state in value),
+        "a list of strings",
+    ),
+    "draw_seed": (lambda value: value is None or type(value) is int, "an integer or null"),
+    "replay": (lambda value: isinstance(value, bool), "true or false"),
+}
 _CONTENTS_FIELDS = {
     **dict.fromkeys(("models", "optimizers", "schedulers", "custom_objects", "dataloaders"), (_count, _COUNT)),
     **dict.fromkeys(("scaler", "gradients"), (lambda value: isinstance(value, bool), "true or false")),
@@ -295,6 +304,9 @@ def _loaders_problem(record: dict) -> str | None:
             return problem
         if "seed" in position and type(position["seed"]) is not int:
             return f"dataloaders[{index}].seed is {_shown(position['seed'])}, not an integer"
+        problem = _fields_problem(position, _SHUFFLE_FIELDS, required=False, prefix=f"dataloaders[{index}].")
+        if problem:
+            return problem
         problem = _fields_problem(position, _BATCH_LOADER_FIELDS, required=False, prefix=f"dataloaders[{index}].")
         if problem:
             return problem

@@ -42,6 +42,7 @@ def build_accelerator(cfg: DictConfig):
     """The Accelerator the config describes (precision, accumulation, project folder, tracker, DDP/FSDP options)."""
     from runner.engine import (
         Accelerator,
+        DataLoaderConfiguration,
         DistributedDataParallelKwargs,
         FullyShardedDataParallelPlugin,
         ProjectConfiguration,
@@ -74,6 +75,8 @@ def build_accelerator(cfg: DictConfig):
         ),
         # Runner schedules count optimizer steps; recipes step them once per real optimizer step.
         step_scheduler_with_optimizer=False,
+        # A recipe's shuffle is a function of its seed and the epoch, whatever ran before it.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
         kwargs_handlers=handlers,
         fsdp_plugin=fsdp_plugin,
     )

@@ -75,8 +75,9 @@ def test_each_rank_gets_its_share_of_the_users_batches(launch):
 
 
 def _save_then_resume(folder):
-    def build():
-        accelerator = Accelerator(project_dir=folder)
+    def build():  # seedable: set_epoch(0) replays the first epoch
+        config = DataLoaderConfiguration(use_seedable_sampler=True)
+        accelerator = Accelerator(project_dir=folder, dataloader_config=config)
         user = DataLoader(torch.arange(24), batch_sampler=MyBatches(RandomSampler(range(24)), 2, False))
         return accelerator, accelerator.prepare(user)
 

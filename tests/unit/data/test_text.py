@@ -105,7 +105,7 @@ def prepared(dataset, *, batch_size: int, world: int, rank: int, samples: int | 
         num_processes=world,
         process_index=rank,
         gradient_state=GradientState(GradientAccumulationPlugin()),
-        config=DataLoaderConfiguration(),
+        config=DataLoaderConfiguration(use_seedable_sampler=True),  # as the runner prepares recipes' loaders
     )
 
 

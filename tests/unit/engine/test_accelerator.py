@@ -9,6 +9,7 @@ from runner.engine import (
     AcceleratedOptimizer,
     AcceleratedScheduler,
     Accelerator,
+    DataLoaderConfiguration,
     DistributedDataParallelKwargs,
     GradScalerKwargs,
     ProjectConfiguration,
@@ -64,22 +65,40 @@ def test_unwrap_model_returns_the_original_class_and_can_drop_autocast():
     assert "forward" not in plain.__dict__
 
 
-def test_single_process_training_equals_a_raw_pytorch_loop():
-    engine_weights = train(Accelerator(), batch_size=8, epochs=3)
-
-    # The same loop written by hand: the engine shuffles with randperm(seed + epoch) of the loader's seed.
+def _raw_loop(epochs: int, batches) -> dict[str, torch.Tensor]:
+    """The training of tests.helpers.train written by hand, over the ``(x, y)`` batches ``batches(epoch)`` yields."""
     model = small_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    dataset = regression_data()
-    for epoch in range(3):
-        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(1234 + epoch)).tolist()
-        for start in range(0, len(order), 8):
-            x, y = dataset[order[start : start + 8]]
+    for epoch in range(epochs):
+        for x, y in batches(epoch):
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-    for key, value in model.state_dict().items():
+    return model.state_dict()
+
+
+def test_single_process_training_equals_a_raw_pytorch_loop_over_the_same_unprepared_loader():
+    engine_weights = train(Accelerator(), batch_size=8, epochs=3)
+
+    # The same loop by hand, over the same DataLoader unprepared: the prepared one yields its batches.
+    plain = loader(regression_data(), 8)
+    for key, value in _raw_loop(3, lambda epoch: plain).items():
+        assert torch.equal(value, engine_weights[key]), key
+
+
+def test_with_the_seedable_sampler_training_equals_a_raw_loop_over_randperm_of_seed_plus_epoch():
+    config = DataLoaderConfiguration(use_seedable_sampler=True)
+    engine_weights = train(Accelerator(dataloader_config=config), batch_size=8, epochs=3)
+
+    # The seedable sampler shuffles with randperm(seed + epoch) of the loader's seed.
+    dataset = regression_data()
+
+    def batches(epoch):
+        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(1234 + epoch)).tolist()
+        return (dataset[order[start : start + 8]] for start in range(0, len(order), 8))
+
+    for key, value in _raw_loop(3, batches).items():
         assert torch.equal(value, engine_weights[key]), key
 
 

@@ -143,9 +143,32 @@ def test_the_prepared_loader_yields_each_ranks_share_with_equal_counts():
     assert [len(prepared(user, world=2, rank=r)) for r in range(2)] == [2, 2]
 
 
-def test_shuffled_batches_are_the_same_on_every_rank_and_new_each_epoch():
+def test_shuffled_batches_are_the_plain_loaders_cut_between_ranks_and_resume_exactly():
+    def user():
+        generator = torch.Generator().manual_seed(4)
+        return DataLoader(
+            list(range(12)), batch_sampler=MyBatches(RandomSampler(range(12), generator=generator), 3, False)
+        )
+
+    plain = user()
+    expected = [[batch.tolist() for batch in plain] for _ in range(2)]
+    assert expected[0] != expected[1]
+    one = prepared(user())
+    assert [listed(one) for _ in range(2)] == expected  # on one process: the plain loader's batches
+    ranks = [prepared(user(), world=2, rank=r) for r in range(2)]
+    for epoch in range(2):  # on two: the same batches, dealt out in turn
+        first, second = (listed(loader) for loader in ranks)
+        assert first == expected[epoch][0::2] and second == expected[epoch][1::2]
+    third = iter(one)
+    next(third)  # a third pass, saved after its first batch
+    resumed = prepared(user())
+    resumed.load_state_dict(one.state_dict())
+    assert listed(resumed) == [batch.tolist() for batch in third]
+
+
+def test_seedable_shuffled_batches_are_the_same_on_every_rank_and_new_each_epoch():
     user = DataLoader(list(range(12)), batch_sampler=MyBatches(RandomSampler(range(12)), 3, False))
-    loaders = [prepared(user, world=2, rank=r) for r in range(2)]
+    loaders = [prepared(user, world=2, rank=r, use_seedable_sampler=True) for r in range(2)]
     epochs = [[listed(loader) for loader in loaders] for _ in range(2)]
     for first, second in epochs:
         assert sorted(i for batch in first + second for i in batch) == list(range(12))

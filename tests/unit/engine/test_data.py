@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, SequentialSampler, TensorDataset
 
-from runner.engine import Accelerator
+from runner.engine import Accelerator, DataLoaderConfiguration
 from runner.engine.data import SeedableRandomSampler, ShardedBatchSampler, batch_seed
 
 
@@ -85,8 +85,37 @@ def test_seeded_shuffle_is_identical_across_ranks_and_new_each_epoch():
     assert orders[0][0] != orders[0][1] != orders[0][2]
 
 
-def test_prepared_loader_reshuffles_each_pass_and_set_epoch_replays_one():
-    accelerator = Accelerator()
+def seedable() -> Accelerator:
+    return Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+
+
+def test_prepared_loader_draws_each_pass_as_the_plain_loader_does_and_set_epoch_keeps_its_order():
+    dataset = TensorDataset(torch.arange(12))
+    plain = DataLoader(dataset, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3))
+    expected = [[b[0].tolist() for b in plain] for _ in range(3)]
+    assert expected[0] != expected[1]
+    loader = Accelerator().prepare(
+        DataLoader(dataset, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3))
+    )
+    first = [b[0].tolist() for b in loader]
+    loader.set_epoch(0)  # as for torch's loader, the next pass draws on from the generator
+    assert [first, [b[0].tolist() for b in loader], [b[0].tolist() for b in loader]] == expected
+    assert loader.iteration == 2
+
+
+def test_prepared_loader_without_a_generator_draws_from_torchs_as_the_plain_loader_does():
+    dataset = TensorDataset(torch.arange(12))
+    torch.manual_seed(8)
+    expected = [[b[0].tolist() for b in DataLoader(dataset, batch_size=4, shuffle=True)] for _ in range(2)]
+    after = torch.rand(3)
+    loader = Accelerator().prepare(DataLoader(dataset, batch_size=4, shuffle=True))
+    torch.manual_seed(8)
+    assert [[b[0].tolist() for b in loader] for _ in range(2)] == expected
+    assert torch.equal(torch.rand(3), after)  # the same draws from torch's generator, no more
+
+
+def test_seedable_prepared_loader_reshuffles_each_pass_and_set_epoch_replays_one():
+    accelerator = seedable()
     dataset = TensorDataset(torch.arange(12))
     loader = accelerator.prepare(DataLoader(dataset, batch_size=4, shuffle=True))
     first = [b[0].tolist() for b in loader]
@@ -152,7 +181,7 @@ def _draws(loader):
 
 
 def test_loader_workers_draw_per_batch_whatever_worker_loads_it_and_wherever_a_pass_starts():
-    accelerator = Accelerator()
+    accelerator = seedable()  # the same order for each loader below, so their draws compare
 
     def prepared(num_workers, **options):
         loader = DataLoader(Draws(), batch_size=4, shuffle=True, num_workers=num_workers, **options)
@@ -177,3 +206,25 @@ def test_batch_seeds_differ_by_epoch_position_and_rank():
     first.seed = second.seed = 7
     assert [b.seed for b in first] == [batch_seed(7, 0, 0, 0), batch_seed(7, 0, 8, 0)]
     assert [b.seed for b in second] == [batch_seed(7, 0, 0, 1), batch_seed(7, 0, 8, 1)]
+
+
+def test_a_plain_shuffles_position_that_does_not_fit_the_loader_is_one_sentence():
+    dataset = TensorDataset(torch.arange(12))
+
+    def prepared(accelerator, generator):
+        return accelerator.prepare(DataLoader(dataset, batch_size=4, shuffle=True, generator=generator))
+
+    with_generator = prepared(Accelerator(), torch.Generator().manual_seed(1))
+    first_pass = iter(with_generator)
+    next(first_pass)
+    state = with_generator.state_dict()
+    assert len(state["generators"]) == 1 and state["draw_seed"] is None
+    with pytest.raises(ValueError, match=r"shuffles from 0 generator\(s\) but its saved position records 1 generator"):
+        prepared(Accelerator(), None).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"saved generator state is damaged"):
+        prepared(Accelerator(), torch.Generator()).load_state_dict({**state, "generators": ["AAAA"]})
+    with pytest.raises(ValueError, match=r"records the generators of a plain shuffle, but this loader shuffles with"):
+        prepared(seedable(), torch.Generator()).load_state_dict(state)
+    resumed = prepared(Accelerator(), torch.Generator().manual_seed(99))
+    resumed.load_state_dict(state)
+    assert [b[0].tolist() for b in resumed] == [b[0].tolist() for b in first_pass]

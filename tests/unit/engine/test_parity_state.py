@@ -138,8 +138,13 @@ def test_data_seed_is_the_seed_prepared_loaders_shuffle_from():
     assert first == [_order(SeedableRandomSampler(range(20), data_seed=1234), epoch) for epoch in range(2)]
 
 
-def test_without_data_seed_prepared_loaders_shuffle_from_torchs_seed_as_before():
-    assert DataLoaderConfiguration().data_seed is None
+def test_without_data_seed_prepared_loaders_shuffle_as_the_plain_loader_and_seedable_ones_from_torchs_seed():
+    assert DataLoaderConfiguration().data_seed is None and not DataLoaderConfiguration().use_seedable_sampler
     torch.manual_seed(1)
-    orders = _epoch_orders(Accelerator())
-    assert orders == [_order(SeedableRandomSampler(range(20), seed=1), epoch) for epoch in range(2)]
+    plain = DataLoader(TensorDataset(torch.arange(20)), batch_size=5, shuffle=True)
+    expected = [[index for batch in plain for index in batch[0].tolist()] for _ in range(2)]
+    torch.manual_seed(1)
+    assert _epoch_orders(Accelerator()) == expected
+    torch.manual_seed(1)
+    seedable = Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+    assert _epoch_orders(seedable) == [_order(SeedableRandomSampler(range(20), seed=1), epoch) for epoch in range(2)]

@@ -27,8 +27,19 @@ def test_resume_is_exact_with_random_augmentation_in_two_loader_workers(tmp_path
     check_resume(tmp_path, 1, "no", stop_after, augment=True, num_workers=2)
 
 
-def check_resume(tmp_path, accumulation, precision, stop_after, *, augment, num_workers=0):
-    settings = {"accumulation": accumulation, "precision": precision, "augment": augment, "num_workers": num_workers}
+@pytest.mark.parametrize("augment", [False, True])
+def test_resume_is_exact_with_the_seedable_sampler(tmp_path, augment):
+    check_resume(tmp_path, 3, "no", 7, augment=augment, seedable=True)
+
+
+def check_resume(tmp_path, accumulation, precision, stop_after, *, augment, num_workers=0, seedable=False):
+    settings = {
+        "accumulation": accumulation,
+        "precision": precision,
+        "augment": augment,
+        "num_workers": num_workers,
+        "seedable": seedable,
+    }
     full = resumable_run(tmp_path / "full", **settings)
     first = resumable_run(tmp_path / "cut", stop_after=stop_after, **settings)
     rest = resumable_run(tmp_path / "cut", resume=True, **settings)
@@ -42,8 +53,15 @@ def check_resume(tmp_path, accumulation, precision, stop_after, *, augment, num_
 
     manifest = json.loads((tmp_path / "cut" / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())
     epoch, in_epoch = divmod(stop_after, 15)
-    assert manifest["dataloaders"][0]["epoch"] == epoch and manifest["dataloaders"][0]["samples_seen"] == 4 * in_epoch
-    assert manifest["dataloaders"][0]["seed"] == (0 if augment else 1234)  # torch.manual_seed(0), or the generator's
+    position = manifest["dataloaders"][0]
+    assert position["epoch"] == epoch and position["samples_seen"] == 4 * in_epoch
+    if seedable:
+        assert position["seed"] == (0 if augment else 1234)  # torch.manual_seed(0), or the generator's
+    else:  # what the pass drew from: the loader's generator, or (without one) a seed drawn from torch's
+        assert "seed" not in position and len(position["generators"]) == (0 if augment else 1)
+        assert (type(position["draw_seed"]) is int) == augment
+        # At an epoch's end the pass is replayed on load, since its sampler may draw once more when it ends.
+        assert position.get("replay", False) == (in_epoch == 0)
     assert manifest["accumulation_step"] == in_epoch  # micro-steps since the epoch began
     mid_cycle = in_epoch % accumulation != 0
     assert ("gradients_0.safetensors" in manifest["files"]) == mid_cycle
