@@ -12,17 +12,24 @@ import os
 import sys
 import warnings
 
-from runner.config import ConfigError, register_configs
-
 USAGE_ERROR = 2
 RUNTIME_ERROR = 1
 
 
 def main() -> None:
-    """The ``runner`` console script and ``python -m runner``: Hydra's command line, checked first."""
-    from runner.cli.app import run_hydra
+    """The ``runner`` console script and ``python -m runner``: Hydra's command line, checked first.
+
+    ``runner launch|config|env ...`` are Accelerate's commands for a plain engine script: see
+    :mod:`runner.launch.commands`.
+    """
+    from runner.launch.commands import command_of, run_command
+
+    if (script_command := command_of(sys.argv[1:])) is not None:
+        sys.exit(run_command(script_command, sys.argv[2:]))
+    from runner.cli.app import run_hydra  # Hydra's imports start here: after the dispatch, which needs none
     from runner.cli.command_line import parse_arguments, read
     from runner.cli.help import print_help
+    from runner.config import ConfigError, register_configs
     from runner.data.download import DataFileError, DownloadError
     from runner.launch.environment import LaunchEnvironment
     from runner.launch.lock import FolderLocked

@@ -4,4 +4,6 @@ environment.py  what the launcher said about this process (rank, restarts), read
 elastic.py      start the workers here, or train in this process; failures.py: the failed rank's sentence
 worker.py       what every training process runs: logging, the Accelerator, the recipe
 lock.py         the run folder's lock; preflight.py: checks before launch; slurm.py: srun's tasks
+commands.py     runner launch / config / env for a plain engine script, as Accelerate's: script.py (launch),
+                configure.py (config), env_report.py (env), settings.py (the settings and their file), flags.py
 """

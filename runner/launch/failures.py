@@ -13,7 +13,13 @@ _COLLATERAL = re.compile(
 
 
 def describe_failure(failures: dict) -> str:
-    """One sentence for the root cause among the failed ranks.
+    """One sentence for the root cause among the failed ranks (:func:`root_cause`)."""
+    rank, detail = root_cause(failures)
+    return f"Worker rank {rank} failed: {detail}"
+
+
+def root_cause(failures: dict) -> tuple[int, str]:
+    """The rank whose failure caused the others, and the last line of its error (or ``exit code N``).
 
     When a rank raises, its peers fail next on the broken connection, and the elastic agent may
     report one of those before the rank that raised has exited. So the error files torch's agent
@@ -31,7 +37,7 @@ def describe_failure(failures: dict) -> str:
     detail = candidates[rank].splitlines()[-1]
     # "runner.engine.checkpoint.CheckpointError: ..." reads better as "CheckpointError: ..."
     detail = re.sub(r"^(?:\w+\.)+(\w+: )", r"\1", detail)
-    return f"Worker rank {rank} failed: {detail}"
+    return rank, detail
 
 
 def _sibling_errors(rank: int, failure) -> dict[int, str]:

@@ -30,8 +30,24 @@ def check_writable(folder: Path, key: str) -> None:
 def check_rendezvous_port(endpoint: str) -> None:
     """On the node that hosts the rendezvous, raise :class:`ConfigError` if its port is taken.
 
+    Only meaningful on node 0 (the host), before its launcher starts (see :func:`check_port_free`).
+    """
+    port = endpoint.rpartition(":")[2]
+    check_port_free(
+        endpoint,
+        refusal=ConfigError(
+            f"trainer.rdzv_endpoint={endpoint}: port {port} is already in use on this machine (another job, or "
+            "a run that has not exited); choose a free port and give every node the same endpoint."
+        ),
+    )
+
+
+def check_port_free(endpoint: str, *, refusal: Exception) -> None:
+    """Raise ``refusal`` (the caller's wording) if ``endpoint`` (HOST:PORT) is this machine and its port is taken.
+
     torch's c10d rendezvous would otherwise connect to whatever listens there and wait for it
-    forever. Only meaningful on node 0 (the host), before its launcher starts.
+    forever, or fail with a traceback (EADDRINUSE) when it hosts the store itself. An endpoint
+    without a port, or on another machine, is not checked.
     """
     host, _, port = endpoint.rpartition(":")
     if not port.isdigit() or not _is_this_machine(host):
@@ -41,10 +57,7 @@ def check_rendezvous_port(endpoint: str) -> None:
         try:
             probe.bind(("", int(port)))
         except OSError:
-            raise ConfigError(
-                f"trainer.rdzv_endpoint={endpoint}: port {port} is already in use on this machine (another job, or "
-                "a run that has not exited); choose a free port and give every node the same endpoint."
-            ) from None
+            raise refusal from None
 
 
 def _is_this_machine(host: str) -> bool:
