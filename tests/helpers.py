@@ -102,6 +102,30 @@ class AugmentedData(torch.utils.data.Dataset):
         return x + 0.1 * torch.rand(x.shape), y, i
 
 
+def checkpointed_run(project_dir, **project_options):
+    """An Accelerator that names and rotates its checkpoints (total_limit=2), with small_model, AdamW, a
+    shuffled loader and a StepLR, prepared: ``accelerator, model, optimizer, loader, scheduler``."""
+    from runner.engine import Accelerator, ProjectConfiguration
+
+    project = ProjectConfiguration(project_dir, automatic_checkpoint_naming=True, total_limit=2, **project_options)
+    accelerator = Accelerator(project_config=project)
+    model = small_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    return accelerator, *accelerator.prepare(model, optimizer, loader(regression_data(), 4), scheduler)
+
+
+def train_steps(accelerator, model, optimizer, train_loader, scheduler, count: int) -> None:
+    """``count`` optimizer and scheduler steps of a :func:`checkpointed_run` on MSE."""
+    for step, (x, y) in enumerate(train_loader):
+        if step == count:
+            break
+        accelerator.backward(nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+
+
 def resumable_run(
     project_dir,
     *,

@@ -690,7 +690,8 @@ class Accelerator:
         With ``automatic_checkpoint_naming`` the folder is ``project_dir/checkpoints/checkpoint_{i}``
         and ``i`` advances after each save (past any folder already there, with a warning: nothing
         is overwritten); ``total_limit`` then keeps the newest checkpoints. The folder appears only
-        once complete. Every process must call this.
+        once complete. Every process must call this. With ``ProjectConfiguration(save_on_each_node=True)``
+        each node keeps its own copy, on its own disk (see :mod:`runner.engine.node_local_checkpoints`).
 
         Args:
             output_dir: The folder to write (ignored under automatic naming). A folder that holds

@@ -229,12 +229,19 @@ def _write_files(
     models: Sequence[nn.Module],
     weights: Sequence[dict[str, torch.Tensor]] | None,
     mid_cycle: bool,
+    writes_shared: bool | None = None,
 ) -> None:
-    """This rank's share: the strategy's model and optimizer state, the rest on rank 0, RNG, gradients."""
+    """This rank's share: the strategy's model and optimizer state, the rest on rank 0, RNG, gradients.
+
+    ``writes_shared``: this rank writes what rank 0 writes (each node's local main process, see
+    :mod:`runner.engine.node_local_checkpoints`); None: whether it is rank 0.
+    """
     rank = prepared.env.rank
+    writes_shared = rank == 0 if writes_shared is None else writes_shared
     # A collective under sharded strategies: every rank writes (or sends rank 0) its shards here.
-    prepared.strategy.save_model_state(staging, models, prepared.optimizers, weights=weights, rank=rank)
-    if rank == 0:
+    strategy_rank = 0 if writes_shared else rank
+    prepared.strategy.save_model_state(staging, models, prepared.optimizers, weights=weights, rank=strategy_rank)
+    if writes_shared:
         for i, scheduler in enumerate(prepared.schedulers):
             staging.save_object(scheduler.state_dict(), indexed_name(SCHEDULER_NAME, i, ".bin"))
         if prepared.scaler is not None:
@@ -359,7 +366,13 @@ class Checkpointer:
     ) -> Path:
         """Save ``prepared`` (see ``Accelerator.save_state``); every rank calls it. Returns the checkpoint folder."""
         self.wait()
-        target = self._target(prepared.env, project, output_dir)
+        if project.save_on_each_node:
+            from runner.engine import node_local_checkpoints as node_local  # it builds on this module
+
+            node_local.check_save(prepared, async_commit=async_commit)
+            target = node_local.target(project, output_dir)
+        else:
+            target = self._target(prepared.env, project, output_dir)
         models = [unwrap_module(model) for model in prepared.models]
         weights = prepared.strategy.checkpoint_weights(models)
         hook_weights = weights if weights is not None else []  # sharded weights: the hooks get none
@@ -374,17 +387,20 @@ class Checkpointer:
         if async_commit and self._committer is None:
             self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
         facts = engine_metadata(prepared.dataloaders, prepared.optimizers, prepared.gradient_state)
-        self._pending = save_training_state(
-            target,
-            prepared,
+        saving = dict(
             models=models,
             weights=weights,
             iteration=project.iteration if project.automatic_checkpoint_naming else None,
             metadata={**facts, **(metadata or {})},
             before_write=run_hooks,
             after_commit=rotate,
-            committer=self._committer if async_commit else None,
         )
+        if project.save_on_each_node:
+            node_local.save_training_state(target, prepared, **saving)
+        else:
+            self._pending = save_training_state(
+                target, prepared, **saving, committer=self._committer if async_commit else None
+            )
         self._in_flight = async_commit
         if project.automatic_checkpoint_naming:
             project.iteration += 1
@@ -416,15 +432,31 @@ class Checkpointer:
     ) -> None:
         """Restore ``prepared`` (see ``Accelerator.load_state``); every rank calls it."""
         self.wait()
+        if project.save_on_each_node:
+            from runner.engine import node_local_checkpoints as node_local  # it builds on this module
+
+            node_local.check_load(prepared)  # every rank alike, before the barrier
         barrier(prepared.env)  # a checkpoint rank 0 was still committing is now visible to all
-        checkpoint = checkpoint_to_load(project, input_dir)
+        if project.save_on_each_node:
+            checkpoint = node_local.checkpoint_to_load(project, input_dir)
+        else:
+            checkpoint = checkpoint_to_load(project, input_dir)
         models = [unwrap_module(model) for model in prepared.models]
-        for hook in self.load_hooks.values():
-            hook(models, str(checkpoint))
-        manifest = load_training_state(checkpoint, prepared, models=models, verify_checksums=verify_checksums)
-        restore_engine_metadata(
-            manifest, checkpoint, prepared.dataloaders, prepared.optimizers, prepared.gradient_state
-        )
+
+        def run_hooks() -> None:
+            for hook in self.load_hooks.values():
+                hook(models, str(checkpoint))
+
+        if project.save_on_each_node:  # the hooks run inside its gather: one raising there fails every rank
+            manifest = node_local.load_training_state(
+                checkpoint, prepared, models=models, verify_checksums=verify_checksums, before_load=run_hooks
+            )
+        else:
+            run_hooks()
+            manifest = load_training_state(checkpoint, prepared, models=models, verify_checksums=verify_checksums)
+            restore_engine_metadata(
+                manifest, checkpoint, prepared.dataloaders, prepared.optimizers, prepared.gradient_state
+            )
         if manifest["world_size"] != prepared.env.world_size:
             warnings.warn(
                 f"{checkpoint.name} was saved by {manifest['world_size']} process(es) and is loaded by "

@@ -33,6 +33,9 @@ class ProjectConfiguration:
         automatic_checkpoint_naming: ``save_state()`` writes ``checkpoints/checkpoint_{iteration}``.
         total_limit: Keep at most this many checkpoints (the newest) under automatic naming.
         iteration: The number the next automatically named checkpoint gets.
+        save_on_each_node: ``project_dir`` (or ``output_dir``) is on each node's own disk: every node
+            keeps a copy of each checkpoint, written and committed by its local main process (see
+            :mod:`runner.engine.node_local_checkpoints`). Off by default: one folder every rank sees.
     """
 
     project_dir: str | None = None
@@ -40,6 +43,7 @@ class ProjectConfiguration:
     automatic_checkpoint_naming: bool = False
     total_limit: int | None = None
     iteration: int = 0
+    save_on_each_node: bool = False
 
     def __post_init__(self) -> None:
         if self.logging_dir is None:

@@ -28,6 +28,7 @@ from runner.engine.constants import (
     indexed_name,
     rng_state_name,
 )
+from runner.engine.distributed import DistributedEnvironment
 from runner.engine.manifest import CheckpointError, read_manifest
 from runner.engine.prepared import PreparedObjects
 from runner.engine.rng import set_rng_state, set_seed
@@ -74,9 +75,11 @@ def load_training_state(
         The checkpoint's manifest.
 
     Raises:
-        CheckpointError: The folder is incomplete or damaged, or holds a different set of objects.
+        CheckpointError: The folder is incomplete or damaged, or holds a different set of objects, or is
+            one node's copy (``save_on_each_node``) without this rank's files.
     """
     manifest = read_manifest(checkpoint, verify_checksums=verify_checksums)
+    check_own_files(checkpoint, manifest, prepared.env)
     saved = ListedCheckpoint(checkpoint, manifest["state_format"], manifest["files"])
     prepared.strategy.check_load(saved)
     mid_cycle = _check_fits(checkpoint, manifest, prepared, models)
@@ -100,6 +103,19 @@ def load_training_state(
     if mid_cycle:
         _load_gradients(saved.load_tensors(gradients_name(rank)), models)
     return manifest
+
+
+def check_own_files(checkpoint: Path, manifest: dict[str, Any], env: DistributedEnvironment) -> None:
+    """A node's copy (``save_on_each_node``) holds the RNG states (and pending gradients) of its own ranks only."""
+    ranks = manifest.get("node_local_ranks")
+    if ranks is None:
+        return  # every rank's files: a checkpoint of a shared folder
+    if manifest["world_size"] != env.world_size or rng_state_name(env.rank) not in manifest["files"]:
+        raise CheckpointError(
+            f"{checkpoint} is one node's copy of a checkpoint of {manifest['world_size']} process(es), holding the "
+            f"files of ranks {ranks}, and rank {env.rank} of {env.world_size} needs its own; resume every node "
+            "from its own copy, with the same world size and node layout."
+        )
 
 
 def _check_fits(checkpoint: Path, manifest: dict[str, Any], prepared: PreparedObjects, models: Sequence) -> bool:

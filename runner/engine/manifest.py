@@ -1,6 +1,7 @@
 """A checkpoint's manifest: what the checkpoint holds and how it was written, checked before anything is loaded.
 
-Rank 0 writes ``manifest.json`` last. It lists every file with its size and the sha256 of each
+Rank 0 writes ``manifest.json`` last (under ``save_on_each_node``, each node's local main process
+writes its node's copy's, see ``node_local_ranks``). It lists every file with its size and the sha256 of each
 ``chunk_bytes`` slice, and records what the save wrote: ``state_format`` (``"safetensors"``: models
 as safetensors and optimizers as ``torch.save`` files; ``"dcp"``: FSDP's sharded model and optimizer
 folders), ``contents`` (how many models, optimizers, schedulers, custom objects and dataloaders, and
@@ -8,6 +9,11 @@ whether a loss scaler and pending gradients were saved), the world size and the 
 facts. ``digest`` is the sha256 of the manifest's own canonical JSON (everything but the digest), so
 a manifest edited or damaged after the save is refused like a damaged file; it also covers the keys
 the caller added through ``save_state(metadata=...)``.
+
+``node_local_ranks`` is there only in one node's copy of a checkpoint saved with
+``ProjectConfiguration(save_on_each_node=True)``: the ranks whose own files (RNG states, pending
+gradients) that copy holds. The files every rank needs (models, optimizers, schedulers, ...) are in
+every copy; the other ranks' are on their nodes. Without it the folder holds every rank's files.
 
 :func:`read_manifest` treats the folder as data, in this order: every field's type and range; every
 listed name is a plain relative path (no ``..``, not absolute); the digest; the listed files against
@@ -88,6 +94,15 @@ _OWN_FIELDS = {
     "files": (lambda value: isinstance(value, dict), "an object"),
     "digest": (lambda value: isinstance(value, str) and _HEX_DIGEST.fullmatch(value), "a sha256 hex digest"),
 }
+# Only in a node's copy of a checkpoint saved with save_on_each_node (checked against world_size below).
+_NODE_LOCAL_FIELDS = {
+    "node_local_ranks": (
+        lambda value: (
+            isinstance(value, list) and bool(value) and all(map(_count, value)) and value == sorted(set(value))
+        ),
+        "a non-empty ascending list of distinct ranks",
+    ),
+}
 # The facts engine_metadata records (a bare save_training_state may leave them out).
 _POSITION_FIELDS = {
     "step": (_count_or_null, _COUNT_OR_NULL),
@@ -162,7 +177,7 @@ def check_metadata(metadata: dict[str, Any]) -> None:
     Raises:
         ValueError: One sentence naming the key.
     """
-    taken = sorted(set(metadata) & set(_OWN_FIELDS))
+    taken = sorted(set(metadata) & (set(_OWN_FIELDS) | set(_NODE_LOCAL_FIELDS)))
     if taken:
         raise ValueError(f"save_state(metadata=...) sets {taken[0]!r}, which the manifest records itself; rename it.")
     try:
@@ -184,8 +199,12 @@ def write_manifest(
     state_format: str,
     contents: dict[str, Any],
     metadata: dict[str, Any],
+    node_local_ranks: list[int] | None = None,
 ) -> None:
-    """List every file under ``staging`` (the DCP folders' included) with its slices' sha256, then the manifest."""
+    """List every file under ``staging`` (the DCP folders' included) with its slices' sha256, then the manifest.
+
+    ``node_local_ranks``: the ranks whose files this node's copy holds, under save_on_each_node (else None).
+    """
     paths = _regular_files(staging)
     digests = chunk_digests(paths)
     files = {
@@ -202,6 +221,8 @@ def write_manifest(
         "contents": contents,
         "files": files,
     }
+    if node_local_ranks is not None:
+        own["node_local_ranks"] = list(node_local_ranks)
     manifest = json.loads(json.dumps({**metadata, **own}))  # as it will read back: tuples as lists, str keys
     manifest["digest"] = manifest_digest(manifest)
     write_text_atomically(staging / MANIFEST_NAME, json.dumps(manifest, indent=2))
@@ -276,12 +297,21 @@ def _manifest_problem(manifest: Any) -> str | None:
     return (
         _fields_problem(manifest, _OWN_FIELDS, required=True)
         or _fields_problem(manifest, _POSITION_FIELDS, required=False)
+        or _fields_problem(manifest, _NODE_LOCAL_FIELDS, required=False)
+        or _node_local_problem(manifest)
         or _fields_problem(manifest["contents"], _CONTENTS_FIELDS, required=True, prefix="contents.")
         or _loaders_problem(manifest)
         or _files_problem(manifest["files"], manifest["chunk_bytes"])
         or (None if manifest["digest"] == manifest_digest(manifest) else _DIGEST_PROBLEM)
         or _contents_problem(manifest)
     )
+
+
+def _node_local_problem(manifest: dict) -> str | None:
+    ranks = manifest.get("node_local_ranks", [])
+    if ranks and ranks[-1] >= manifest["world_size"]:
+        return f"node_local_ranks lists rank {ranks[-1]}, outside world_size {manifest['world_size']}"
+    return None
 
 
 _DIGEST_PROBLEM = "its digest does not match its content (it was edited or damaged after the save)"
@@ -363,8 +393,10 @@ def _contents_problem(manifest: dict) -> str | None:
 
 
 def expected_files(manifest: dict[str, Any]) -> set[str]:
-    """The engine's files a checkpoint with this ``contents``, ``state_format`` and world size holds."""
-    contents, world_size = manifest["contents"], manifest["world_size"]
+    """The engine's files a checkpoint with this ``contents``, ``state_format`` and world size holds (a node's
+    copy: the per-rank files of its ``node_local_ranks`` only)."""
+    contents = manifest["contents"]
+    ranks = manifest.get("node_local_ranks", range(manifest["world_size"]))
     if manifest["state_format"] == "dcp":
         names = {f"{indexed_name(MODEL_NAME, i, '')}/{DCP_METADATA_NAME}" for i in range(contents["models"])}
         names |= {f"{indexed_name(OPTIMIZER_NAME, i, '')}/{DCP_METADATA_NAME}" for i in range(contents["optimizers"])}
@@ -373,9 +405,9 @@ def expected_files(manifest: dict[str, Any]) -> set[str]:
         names |= {indexed_name(OPTIMIZER_NAME, i, ".bin") for i in range(contents["optimizers"])}
     names |= {indexed_name(SCHEDULER_NAME, i, ".bin") for i in range(contents["schedulers"])}
     names |= {custom_state_name(i) for i in range(contents["custom_objects"])}
-    names |= {rng_state_name(rank) for rank in range(world_size)}
+    names |= {rng_state_name(rank) for rank in ranks}
     if contents["gradients"]:
-        names |= {gradients_name(rank) for rank in range(world_size)}
+        names |= {gradients_name(rank) for rank in ranks}
     if contents["scaler"]:
         names.add(SCALER_NAME)
     return names

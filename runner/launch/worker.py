@@ -84,11 +84,16 @@ def build_accelerator(cfg: DictConfig):
 
 def record_config_in_checkpoints(accelerator, config: dict[str, Any], overrides: list[str]) -> None:
     """Write the run's config and overrides into every checkpoint, signed, so resume can rebuild the run
-    and knows it for one of yours (:mod:`runner.provenance`)."""
+    and knows it for one of yours (:mod:`runner.provenance`).
+
+    Under ``save_on_each_node`` each node's local main process writes them into its node's copy, so
+    ``resume=`` works on every node."""
     from runner import provenance
 
+    each_node = accelerator.project_configuration.save_on_each_node
+
     def write(models, weights, output_dir: str) -> None:
-        if accelerator.is_main_process:
+        if accelerator.is_main_process or (each_node and accelerator.is_local_main_process):
             OmegaConf.save(OmegaConf.create(config), Path(output_dir, CONFIG_FILE))
             OmegaConf.save(OmegaConf.create(list(overrides)), Path(output_dir, OVERRIDES_FILE))
             provenance.sign(Path(output_dir))

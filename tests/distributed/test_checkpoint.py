@@ -8,40 +8,20 @@ import torch
 from torch import nn
 
 from runner.engine import Accelerator, CheckpointError, ProjectConfiguration
-from tests.helpers import loader, regression_data, small_model
+from tests.helpers import checkpointed_run, train_steps
 from tests.unit.engine.tmpfs import tmpfs_runner
 
 
-def _build(project_dir):
-    accelerator = Accelerator(
-        project_config=ProjectConfiguration(project_dir, automatic_checkpoint_naming=True, total_limit=2)
-    )
-    model = small_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-    return accelerator, *accelerator.prepare(model, optimizer, loader(regression_data(), 4), scheduler)
-
-
-def _steps(accelerator, model, optimizer, train_loader, scheduler, count):
-    for step, (x, y) in enumerate(train_loader):
-        if step == count:
-            break
-        accelerator.backward(nn.functional.mse_loss(model(x), y))
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
-
-
 def _save_then_load(project_dir):
-    accelerator, model, optimizer, train_loader, scheduler = _build(project_dir)
+    accelerator, model, optimizer, train_loader, scheduler = checkpointed_run(project_dir)
     torch.manual_seed(100 + accelerator.process_index)  # each rank draws its own stream from here
     for _ in range(3):  # checkpoint_0..2; total_limit=2 keeps 1 and 2
-        _steps(accelerator, model, optimizer, train_loader, scheduler, 3)
+        train_steps(accelerator, model, optimizer, train_loader, scheduler, 3)
         saved = accelerator.save_state()
     after_save = {"rand": torch.rand(3), "weights": accelerator.get_state_dict(model), "lr": scheduler.get_last_lr()}
     exp_avg = optimizer.state[optimizer.param_groups[0]["params"][0]]["exp_avg"].clone()
 
-    fresh, model, optimizer, train_loader, scheduler = _build(project_dir)
+    fresh, model, optimizer, train_loader, scheduler = checkpointed_run(project_dir)
     fresh.load_state(saved)
     restored = {"rand": torch.rand(3), "weights": fresh.get_state_dict(model), "lr": scheduler.get_last_lr()}
     restored_exp_avg = optimizer.state[optimizer.param_groups[0]["params"][0]]["exp_avg"]
@@ -61,9 +41,10 @@ def test_save_and_load_state_on_two_processes(launch, tmp_path):
     folder = tmp_path / "checkpoints" / "checkpoint_2"
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["world_size"] == 2 and manifest["iteration"] == 2
-    assert {"model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pt", "random_states_1.pt"} <= set(
-        manifest["files"]
-    )
+    # One folder every rank sees (save_on_each_node off): every rank's files, nothing else, no node_local_ranks.
+    files = {"model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pt", "random_states_1.pt"}
+    assert set(manifest["files"]) == files and "node_local_ranks" not in manifest
+    assert {p.name for p in folder.iterdir()} == files | {"manifest.json"}
     assert Path(rank0["saved"]) == folder
     for result in (rank0, rank1):
         # Each rank's RNG stream continues exactly where it was saved.
@@ -79,12 +60,12 @@ def test_save_and_load_state_on_two_processes(launch, tmp_path):
 
 
 def _async_saves(project_dir):
-    accelerator, model, optimizer, train_loader, scheduler = _build(project_dir)
+    accelerator, model, optimizer, train_loader, scheduler = checkpointed_run(project_dir)
     for _ in range(3):
-        _steps(accelerator, model, optimizer, train_loader, scheduler, 2)
+        train_steps(accelerator, model, optimizer, train_loader, scheduler, 2)
         accelerator.save_state(async_commit=True)
     expected = {k: v.clone() for k, v in accelerator.get_state_dict(model).items()}
-    _steps(accelerator, model, optimizer, train_loader, scheduler, 2)  # move away from the saved weights
+    train_steps(accelerator, model, optimizer, train_loader, scheduler, 2)  # move away from the saved weights
     accelerator.load_state()  # every rank waits for rank 0's last commit, then loads it
     return all(torch.equal(expected[k], v) for k, v in accelerator.get_state_dict(model).items())
 
@@ -101,7 +82,7 @@ def _failed_async_commit(project_dir):
         raise OSError(28, "No space left on device")
 
     manifest_module.write_manifest = disk_full
-    accelerator, *_ = _build(project_dir)
+    accelerator, *_ = checkpointed_run(project_dir)
     accelerator.save_state(async_commit=True)
     try:
         accelerator.wait_for_checkpoint()

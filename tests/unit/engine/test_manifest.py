@@ -283,3 +283,60 @@ def test_metadata_that_the_manifest_would_refuse_is_refused_at_save(tmp_path):
     with pytest.raises(ValueError, match=r"save_state\(metadata=...\) is not JSON \(Object of type set"):
         check_metadata({"tags": {"a"}})
     check_metadata({**POSITION, "config_sha256": "ab" * 32, "loss": 0.5})
+
+
+def node_copy(folder, *, ranks):
+    """One node's copy of a checkpoint of 3 processes (save_on_each_node): the RNG states of ``ranks`` only."""
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    for rank in ranks:
+        (folder / f"random_states_{rank}.pt").write_bytes(b"rng")
+    write_manifest(
+        folder,
+        world_size=3,
+        iteration=0,
+        state_format="safetensors",
+        contents=CONTENTS,
+        metadata=POSITION,
+        node_local_ranks=ranks,
+    )
+    return folder
+
+
+def test_a_node_copy_lists_its_own_ranks_files_only(tmp_path):
+    manifest = read_manifest(node_copy(tmp_path / "checkpoint_0", ranks=[1, 2]))
+    assert manifest["node_local_ranks"] == [1, 2]
+    assert set(manifest["files"]) == {"model.safetensors", "random_states_1.pt", "random_states_2.pt"}
+    assert "node_local_ranks" not in read_manifest(small_checkpoint(tmp_path / "shared"))  # a shared folder's
+
+
+NOT_RANKS = "not a non-empty ascending list of distinct ranks"
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda m: m.update(node_local_ranks=1), f"node_local_ranks is 1, {NOT_RANKS}"),
+        (lambda m: m.update(node_local_ranks=[]), f"node_local_ranks is [], {NOT_RANKS}"),
+        (lambda m: m.update(node_local_ranks=[2, 1]), f"node_local_ranks is [2, 1], {NOT_RANKS}"),
+        (lambda m: m.update(node_local_ranks=[1, 1]), f"node_local_ranks is [1, 1], {NOT_RANKS}"),
+        (lambda m: m.update(node_local_ranks=["1"]), f"node_local_ranks is ['1'], {NOT_RANKS}"),
+        (lambda m: m.update(node_local_ranks=[1, 3]), "node_local_ranks lists rank 3, outside world_size 3"),
+        (lambda m: m.update(node_local_ranks=[0, 1]),
+         "files does not list random_states_0.pt, which its contents and state_format call for"),
+    ],
+)  # fmt: skip
+def test_node_local_ranks_is_checked_for_its_type_range_and_files(tmp_path, edit, problem):
+    folder = node_copy(tmp_path / "checkpoint_0", ranks=[1])
+    rewrite_manifest(folder, edit)
+    with pytest.raises(CheckpointError) as error:
+        read_manifest(folder, verify_checksums=False)
+    assert str(error.value) == damaged(folder, problem)
+
+
+def test_save_state_metadata_cannot_set_node_local_ranks():
+    with pytest.raises(ValueError) as error:
+        check_metadata({"node_local_ranks": [0]})
+    assert str(error.value) == (
+        "save_state(metadata=...) sets 'node_local_ranks', which the manifest records itself; rename it."
+    )
