@@ -8,18 +8,18 @@ have finished, rank 0 writes ``manifest.json`` last, recording the strategy's fo
 (``state_format``) and what the checkpoint holds, and renames the folder to its final name.
 
 The folders (naming, listing, commit, rotation) are :mod:`runner.engine.checkpoint_folders`; the
-load path is :mod:`runner.engine.checkpoint_loading`. Their public names are importable from here too.
+load path is :mod:`runner.engine.checkpoint_loading`, what each rank writes :mod:`runner.engine.checkpoint_files`,
+and a copy on each node's own disk (``save_on_each_node``) :mod:`runner.engine.node_local_checkpoints`. Their
+public names are importable from here too.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,8 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from runner.engine import manifest as manifests
+from runner.engine import node_local_checkpoints as node_local
+from runner.engine.checkpoint_files import StagingFolder, contents, first_failure, raise_if_failed, write_files
 from runner.engine.checkpoint_folders import (
     ProjectConfiguration,
     check_writable_target,
@@ -52,22 +54,12 @@ from runner.engine.checkpoint_loading import (
     load_training_state,
     restore_engine_metadata,
 )
-from runner.engine.constants import (
-    SCALER_NAME,
-    SCHEDULER_NAME,
-    custom_state_name,
-    gradients_name,
-    indexed_name,
-    rng_state_name,
-)
 from runner.engine.distributed import DistributedEnvironment, barrier
 from runner.engine.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
-from runner.engine.ops import broadcast_object_list, gather_object
+from runner.engine.ops import broadcast_object_list
 from runner.engine.parallel.base import unwrap_module
 from runner.engine.prepared import PreparedObjects
-from runner.engine.rng import get_rng_state
-from runner.engine.serialization import save_safetensors, torch_save
-from runner.files import sync_tree, write_atomically
+from runner.files import sync_tree
 
 __all__ = [
     "CheckpointError",
@@ -101,25 +93,6 @@ __all__ = [
 def is_stateful(obj: Any) -> bool:
     """Whether ``obj`` can be checkpointed: it has ``state_dict`` and ``load_state_dict``."""
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
-
-
-def _torch_save_atomically(obj: Any, path: Path) -> None:
-    write_atomically(path, lambda partial: torch_save(obj, partial))
-
-
-@dataclass(frozen=True)
-class StagingFolder:
-    """The folder a checkpoint is written into before its commit: the ``CheckpointWriter`` the strategies
-    write their state with. The engine's files and the replicated strategies' go in through its methods;
-    sharded FSDP's DCP writer and the save hooks write under :attr:`path` directly."""
-
-    path: Path
-
-    def save_tensors(self, tensors: Mapping[str, torch.Tensor], name: str) -> None:
-        save_safetensors(tensors, self.path / name)
-
-    def save_object(self, obj: Any, name: str) -> None:
-        _torch_save_atomically(obj, self.path / name)
 
 
 def save_training_state(
@@ -164,7 +137,7 @@ def save_training_state(
         "world_size": prepared.env.world_size,
         "iteration": iteration,
         "state_format": prepared.strategy.checkpoint_format,
-        "contents": _contents(
+        "contents": contents(
             prepared, models=models, weights=weights, metadata=metadata, mid_cycle=mid_cycle
         ),  # after the hooks ran
         "metadata": metadata,
@@ -178,7 +151,7 @@ def save_training_state(
             commit()
         except (OSError, CheckpointError) as error:  # hashing, the manifest, a link a hook left, or the rename
             failure = f"rank 0: {failure_reason(error)}"
-    _raise_if_failed(_first_failure(failure), staging.path, target, rank)  # nobody moves on before the commit
+    raise_if_failed(first_failure(failure), staging.path, target, rank)  # nobody moves on before the commit
     return None
 
 
@@ -212,90 +185,14 @@ def _write_staging(
     try:
         if before_write is not None:
             before_write(staging.path)
-        _write_files(staging, prepared, models=models, weights=weights, mid_cycle=mid_cycle)
+        write_files(staging, prepared, models=models, weights=weights, mid_cycle=mid_cycle)
         failure = None
     except (OSError, CheckpointException) as error:  # a full disk, a lost mount, a failed DCP write
         failure = f"rank {rank}: {failure_reason(error)}"
     # Every rank learns of any rank's failure (so none waits forever), and all files are on disk
     # before the manifest lists them.
-    _raise_if_failed(_first_failure(failure), staging.path, target, rank)
+    raise_if_failed(first_failure(failure), staging.path, target, rank)
     return staging
-
-
-def _write_files(
-    staging: StagingFolder,
-    prepared: PreparedObjects,
-    *,
-    models: Sequence[nn.Module],
-    weights: Sequence[dict[str, torch.Tensor]] | None,
-    mid_cycle: bool,
-    writes_shared: bool | None = None,
-) -> None:
-    """This rank's share: the strategy's model and optimizer state, the rest on rank 0, RNG, gradients.
-
-    ``writes_shared``: this rank writes what rank 0 writes (each node's local main process, see
-    :mod:`runner.engine.node_local_checkpoints`); None: whether it is rank 0.
-    """
-    rank = prepared.env.rank
-    writes_shared = rank == 0 if writes_shared is None else writes_shared
-    # A collective under sharded strategies: every rank writes (or sends rank 0) its shards here.
-    strategy_rank = 0 if writes_shared else rank
-    prepared.strategy.save_model_state(staging, models, prepared.optimizers, weights=weights, rank=strategy_rank)
-    if writes_shared:
-        for i, scheduler in enumerate(prepared.schedulers):
-            staging.save_object(scheduler.state_dict(), indexed_name(SCHEDULER_NAME, i, ".bin"))
-        if prepared.scaler is not None:
-            staging.save_object(prepared.scaler.state_dict(), SCALER_NAME)
-        for i, obj in enumerate(prepared.custom_objects):
-            staging.save_object(obj.state_dict(), custom_state_name(i))
-    staging.save_object(get_rng_state(), rng_state_name(rank))
-    if mid_cycle:
-        staging.save_tensors(_gradients(models), gradients_name(rank))
-
-
-def _contents(
-    prepared: PreparedObjects,
-    *,
-    models: Sequence[nn.Module],
-    weights: Sequence[dict[str, torch.Tensor]] | None,
-    metadata: dict[str, Any],
-    mid_cycle: bool,
-) -> dict[str, Any]:
-    """What the checkpoint holds, for its manifest: loading checks the listed files against it."""
-    return {
-        "models": len(weights) if weights is not None else len(models),  # save hooks may have removed some
-        "optimizers": len(prepared.optimizers),
-        "schedulers": len(prepared.schedulers),
-        "custom_objects": len(prepared.custom_objects),
-        "dataloaders": len(metadata.get("dataloaders", [])),
-        "scaler": prepared.scaler is not None,
-        "gradients": mid_cycle,
-    }
-
-
-def _first_failure(failure: str | None) -> str | None:
-    """The first failed rank's failure, told to every rank (a collective when distributed)."""
-    return next(filter(None, gather_object([failure])), None)
-
-
-def _raise_if_failed(failure: str | None, staging: Path, target: Path, rank: int) -> None:
-    if failure is None:
-        return
-    if rank == 0:
-        shutil.rmtree(staging, ignore_errors=True)  # free what the partial save took
-    raise CheckpointError(
-        f"Saving {target.name} failed ({failure}); the checkpoints saved before it are intact, so free the space "
-        "(or fix the folder) and resume from the newest of them."
-    )
-
-
-def _gradients(models: Sequence[nn.Module]) -> dict[str, torch.Tensor]:
-    return {
-        f"{i}.{name}": parameter.grad.detach()
-        for i, model in enumerate(models)
-        for name, parameter in model.named_parameters()
-        if parameter.grad is not None
-    }
 
 
 def engine_metadata(loaders: Sequence[Any], optimizers: Sequence[Any], gradient_state: Any) -> dict[str, Any]:
@@ -367,8 +264,6 @@ class Checkpointer:
         """Save ``prepared`` (see ``Accelerator.save_state``); every rank calls it. Returns the checkpoint folder."""
         self.wait()
         if project.save_on_each_node:
-            from runner.engine import node_local_checkpoints as node_local  # it builds on this module
-
             node_local.check_save(prepared, async_commit=async_commit)
             target = node_local.target(project, output_dir)
         else:
@@ -433,8 +328,6 @@ class Checkpointer:
         """Restore ``prepared`` (see ``Accelerator.load_state``); every rank calls it."""
         self.wait()
         if project.save_on_each_node:
-            from runner.engine import node_local_checkpoints as node_local  # it builds on this module
-
             node_local.check_load(prepared)  # every rank alike, before the barrier
         barrier(prepared.env)  # a checkpoint rank 0 was still committing is now visible to all
         if project.save_on_each_node:

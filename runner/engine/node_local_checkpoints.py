@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from runner.engine import manifest as manifests
-from runner.engine.checkpoint import StagingFolder, _contents, _first_failure, _raise_if_failed, _write_files
+from runner.engine.checkpoint_files import StagingFolder, contents, first_failure, raise_if_failed, write_files
 from runner.engine.checkpoint_folders import (
     ProjectConfiguration,
     check_writable_target,
@@ -195,7 +195,7 @@ def save_training_state(
     fail.if_any(_attempt(lambda: _mark(marker)) if owns else None)
     sharing: list[str | None] = []
     fail.if_any(_attempt(lambda: sharing.append(_other_owners(marker, rank))) if owns else None)
-    shared = _first_failure(sharing[0] if owns else None)
+    shared = first_failure(sharing[0] if owns else None)
     if shared is not None:
         if owns:
             shutil.rmtree(staging.path, ignore_errors=True)
@@ -207,7 +207,7 @@ def save_training_state(
     def write() -> None:
         if before_write is not None:
             before_write(staging.path)
-        _write_files(staging, prepared, models=models, weights=weights, mid_cycle=mid_cycle, writes_shared=owns)
+        write_files(staging, prepared, models=models, weights=weights, mid_cycle=mid_cycle, writes_shared=owns)
 
     fail.if_any(_attempt(write))  # every rank's files are on disk after it
 
@@ -215,7 +215,7 @@ def save_training_state(
         "world_size": prepared.env.world_size,
         "iteration": iteration,
         "state_format": prepared.strategy.checkpoint_format,
-        "contents": _contents(prepared, models=models, weights=weights, metadata=metadata, mid_cycle=mid_cycle),
+        "contents": contents(prepared, models=models, weights=weights, metadata=metadata, mid_cycle=mid_cycle),
         "metadata": metadata,
         "node_local_ranks": list(node.ranks),
     }
@@ -230,7 +230,7 @@ def save_training_state(
         fsync_path(target.parent)  # after recording the rename: a failed fsync still puts it back below
 
     error = _attempt(rename) if owns else None
-    failure = _first_failure(_report(rank, error))
+    failure = first_failure(_report(rank, error))
     if failure is not None and renamed:
         _put_back(target, renamed[0])
     fail.raise_if(failure, error)
@@ -242,7 +242,7 @@ def save_training_state(
         if after_commit is not None:
             after_commit()
 
-    failure = _first_failure(_report(rank, _attempt(finish) if owns else None))
+    failure = first_failure(_report(rank, _attempt(finish) if owns else None))
     if failure is not None:
         raise CheckpointError(
             f"{target.name} was committed on every node, but cleaning up after it failed ({failure}); delete "
@@ -264,7 +264,7 @@ class _Failure:
     owns: bool
 
     def if_any(self, error: Exception | None) -> None:
-        self.raise_if(_first_failure(_report(self.rank, error)), error)
+        self.raise_if(first_failure(_report(self.rank, error)), error)
 
     def raise_if(self, failure: str | None, error: Exception | None) -> None:
         """``failure``: the first failed rank's, told to every rank; ``error``: this rank's own, if any."""
@@ -274,7 +274,7 @@ class _Failure:
             shutil.rmtree(self.staging, ignore_errors=True)  # free what the partial save took, on every node
         if error is not None and not _is_disks(error):
             raise error
-        _raise_if_failed(failure, self.staging, self.target, self.rank)
+        raise_if_failed(failure, self.staging, self.target, self.rank)
 
 
 def _attempt(action: Callable[[], Any]) -> Exception | None:

@@ -89,9 +89,9 @@ def _break(what, rank, accelerators):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     if what == "write" and rank == 2:  # not a node's owner: one of the files it writes itself
-        from runner.engine import checkpoint
+        from runner.engine import checkpoint_files
 
-        checkpoint._torch_save_atomically = no_space
+        checkpoint_files._torch_save_atomically = no_space
     if what == "manifest" and rank == 1:  # node 1's owner, in phase (a)
         from runner.engine import manifest
 

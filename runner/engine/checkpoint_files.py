@@ -1,0 +1,129 @@
+"""What each rank writes into a checkpoint's staging folder, and how a failure while saving reaches every rank.
+
+Shared by the save on one folder every rank sees (:mod:`runner.engine.checkpoint`) and the save of
+a copy on each node's own disk (:mod:`runner.engine.node_local_checkpoints`).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from runner.engine.constants import (
+    SCALER_NAME,
+    SCHEDULER_NAME,
+    custom_state_name,
+    gradients_name,
+    indexed_name,
+    rng_state_name,
+)
+from runner.engine.manifest import CheckpointError
+from runner.engine.ops import gather_object
+from runner.engine.prepared import PreparedObjects
+from runner.engine.rng import get_rng_state
+from runner.engine.serialization import save_safetensors, torch_save
+from runner.files import write_atomically
+
+
+def _torch_save_atomically(obj: Any, path: Path) -> None:
+    write_atomically(path, lambda partial: torch_save(obj, partial))
+
+
+@dataclass(frozen=True)
+class StagingFolder:
+    """The folder a checkpoint is written into before its commit: the ``CheckpointWriter`` the strategies
+    write their state with. The engine's files and the replicated strategies' go in through its methods;
+    sharded FSDP's DCP writer and the save hooks write under :attr:`path` directly."""
+
+    path: Path
+
+    def save_tensors(self, tensors: Mapping[str, torch.Tensor], name: str) -> None:
+        save_safetensors(tensors, self.path / name)
+
+    def save_object(self, obj: Any, name: str) -> None:
+        _torch_save_atomically(obj, self.path / name)
+
+
+def write_files(
+    staging: StagingFolder,
+    prepared: PreparedObjects,
+    *,
+    models: Sequence[nn.Module],
+    weights: Sequence[dict[str, torch.Tensor]] | None,
+    mid_cycle: bool,
+    writes_shared: bool | None = None,
+) -> None:
+    """This rank's share: the strategy's model and optimizer state, the rest on rank 0, RNG, gradients.
+
+    ``writes_shared``: this rank writes what rank 0 writes (each node's local main process, see
+    :mod:`runner.engine.node_local_checkpoints`); None: whether it is rank 0.
+    """
+    rank = prepared.env.rank
+    writes_shared = rank == 0 if writes_shared is None else writes_shared
+    # A collective under sharded strategies: every rank writes (or sends rank 0) its shards here.
+    strategy_rank = 0 if writes_shared else rank
+    prepared.strategy.save_model_state(staging, models, prepared.optimizers, weights=weights, rank=strategy_rank)
+    if writes_shared:
+        for i, scheduler in enumerate(prepared.schedulers):
+            staging.save_object(scheduler.state_dict(), indexed_name(SCHEDULER_NAME, i, ".bin"))
+        if prepared.scaler is not None:
+            staging.save_object(prepared.scaler.state_dict(), SCALER_NAME)
+        for i, obj in enumerate(prepared.custom_objects):
+            staging.save_object(obj.state_dict(), custom_state_name(i))
+    staging.save_object(get_rng_state(), rng_state_name(rank))
+    if mid_cycle:
+        staging.save_tensors(_gradients(models), gradients_name(rank))
+
+
+def contents(
+    prepared: PreparedObjects,
+    *,
+    models: Sequence[nn.Module],
+    weights: Sequence[dict[str, torch.Tensor]] | None,
+    metadata: dict[str, Any],
+    mid_cycle: bool,
+) -> dict[str, Any]:
+    """What the checkpoint holds, for its manifest: loading checks the listed files against it."""
+    return {
+        "models": len(weights) if weights is not None else len(models),  # save hooks may have removed some
+        "optimizers": len(prepared.optimizers),
+        "schedulers": len(prepared.schedulers),
+        "custom_objects": len(prepared.custom_objects),
+        "dataloaders": len(metadata.get("dataloaders", [])),
+        "scaler": prepared.scaler is not None,
+        "gradients": mid_cycle,
+    }
+
+
+def first_failure(failure: str | None) -> str | None:
+    """The first failed rank's failure, told to every rank (a collective when distributed)."""
+    return next(filter(None, gather_object([failure])), None)
+
+
+def raise_if_failed(failure: str | None, staging: Path, target: Path, rank: int) -> None:
+    if failure is None:
+        return
+    if rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)  # free what the partial save took
+    raise CheckpointError(
+        f"Saving {target.name} failed ({failure}); the checkpoints saved before it are intact, so free the space "
+        "(or fix the folder) and resume from the newest of them."
+    )
+
+
+def _gradients(models: Sequence[nn.Module]) -> dict[str, torch.Tensor]:
+    return {
+        f"{i}.{name}": parameter.grad.detach()
+        for i, model in enumerate(models)
+        for name, parameter in model.named_parameters()
+        if parameter.grad is not None
+    }
+
+
+__all__ = ["StagingFolder", "contents", "first_failure", "raise_if_failed", "write_files"]
