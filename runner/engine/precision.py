@@ -1,7 +1,8 @@
 """Mixed precision: autocast around the model's forward, and loss scaling under fp16.
 
 Master weights stay in fp32. bf16 needs no loss scaling; fp16 uses ``torch.amp.GradScaler``, which
-torch supports on CPU as well as CUDA.
+torch supports on CPU as well as CUDA. fp16 works on the CPU but crawls there, so a Precision built
+for fp16 on the CPU warns, once per process (:func:`warn_if_fp16_on_cpu`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import contextlib
 import enum
 import functools
 import importlib.util
+import warnings
 from dataclasses import asdict, dataclass
 from types import MethodType
 from typing import Any
@@ -75,6 +77,39 @@ def check_fp8_support(device: torch.device) -> None:
         raise ValueError("mixed_precision='fp8' needs the torchao package (pip install torchao); or use 'bf16'.")
 
 
+class Fp16OnCpuWarning(UserWarning):
+    """Warns that ``mixed_precision='fp16'`` runs on the CPU, where it is far slower than fp32."""
+
+
+FP16_ON_CPU_WARNING = (
+    "mixed_precision='fp16' on the CPU runs torch's slow CPU fp16 kernels (convolution backward above all), "
+    "about 40-100x slower than fp32 for a small CNN; use mixed_precision='bf16' or 'no' on the CPU, "
+    "or train in fp16 on a GPU."
+)
+
+
+def warn_if_fp16_on_cpu(mode: PrecisionType, device: torch.device) -> None:
+    """Warn, once per process, when fp16 autocast is to run on the CPU (it works, but crawls).
+
+    Args:
+        mode: The parsed ``mixed_precision``.
+        device: The device the Accelerator runs on (``cuda``, ``mps``, ... never warn).
+
+    Example:
+        >>> warn_if_fp16_on_cpu(PrecisionType.FP16, torch.device("cpu"))  # Fp16OnCpuWarning, the first time
+    """
+    if mode is PrecisionType.FP16 and device.type == "cpu":
+        _warn_fp16_on_cpu()
+
+
+# Once per process, not per Accelerator: tests and notebooks build many. A cache rather than Python's
+# per-location warning registry, which any warnings.catch_warnings() elsewhere resets.
+@functools.cache
+def _warn_fp16_on_cpu() -> None:
+    # Frames above: warn_if_fp16_on_cpu, Precision.__init__, Accelerator.__init__, then its caller's line.
+    warnings.warn(FP16_ON_CPU_WARNING, Fp16OnCpuWarning, stacklevel=5)
+
+
 def _to_fp32(output: Any) -> Any:
     if isinstance(output, torch.Tensor):
         return output.float() if output.dtype in (torch.float16, torch.bfloat16) else output
@@ -100,6 +135,7 @@ class Precision:
     ) -> None:
         if mode is PrecisionType.FP8:
             check_fp8_support(device)
+        warn_if_fp16_on_cpu(mode, device)
         self.mode = mode
         self.device_type = device.type
         self.dtype = _AUTOCAST_DTYPES.get(mode)

@@ -1,8 +1,11 @@
+import warnings
+
 import pytest
 import torch
 from torch import nn
 
-from runner.engine import Accelerator, GradScalerKwargs
+from runner.engine import Accelerator, GradScalerKwargs, precision
+from runner.engine.precision import Fp16OnCpuWarning, PrecisionType, warn_if_fp16_on_cpu
 from tests.helpers import loader, regression_data, small_model
 
 
@@ -139,3 +142,45 @@ def test_fp16_optimizer_wrapping_keeps_torchs_scheduler_order_check_quiet(build_
     scheduler.step()
     assert not optimizer.step_was_skipped
     assert [str(w.message)[:40] for w in recwarn if "lr_scheduler" in str(w.message)] == []
+
+
+@pytest.fixture
+def fp16_on_cpu_not_yet_warned():
+    """Forget that this process warned about fp16 on the CPU, before and after the test."""
+    precision._warn_fp16_on_cpu.cache_clear()
+    yield
+    precision._warn_fp16_on_cpu.cache_clear()
+
+
+def _fp16_on_cpu_warnings(build):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # the once-per-process rule must hold without help from the filters
+        build()
+    return [w for w in caught if issubclass(w.category, Fp16OnCpuWarning)]
+
+
+def test_fp16_on_the_cpu_warns_once_per_process_at_the_callers_line(fp16_on_cpu_not_yet_warned):
+    def build_two():
+        Accelerator(mixed_precision="fp16", cpu=True)
+        Accelerator(mixed_precision="fp16", cpu=True)
+
+    caught = _fp16_on_cpu_warnings(build_two)
+    assert [str(w.message) for w in caught] == [
+        "mixed_precision='fp16' on the CPU runs torch's slow CPU fp16 kernels (convolution backward above all), "
+        "about 40-100x slower than fp32 for a small CNN; use mixed_precision='bf16' or 'no' on the CPU, "
+        "or train in fp16 on a GPU."
+    ]
+    assert caught[0].filename == __file__  # the line that built the first Accelerator, not the engine's
+    assert _fp16_on_cpu_warnings(lambda: Accelerator(mixed_precision="fp16", cpu=True)) == []  # a third, later
+
+
+@pytest.mark.parametrize("mixed_precision", ["bf16", "no"])
+def test_other_precisions_on_the_cpu_do_not_warn(fp16_on_cpu_not_yet_warned, mixed_precision):
+    assert _fp16_on_cpu_warnings(lambda: Accelerator(mixed_precision=mixed_precision)) == []
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1", "mps"])
+def test_fp16_on_an_accelerator_device_does_not_warn(fp16_on_cpu_not_yet_warned, device):
+    assert _fp16_on_cpu_warnings(lambda: warn_if_fp16_on_cpu(PrecisionType.FP16, torch.device(device))) == []
+    caught = _fp16_on_cpu_warnings(lambda: warn_if_fp16_on_cpu(PrecisionType.FP16, torch.device("cpu")))
+    assert len(caught) == 1  # the same helper, on the CPU
