@@ -25,6 +25,7 @@ CONFIG_NAME = "config"  # conf/config.yaml, the root config
 CONFIG_GROUPS = ("trainer", "model", "data", "optimizer", "scheduler", "parallel", "project", "tracker", "experiment")
 TRUST_KEY = "trust_resume"  # the override that accepts the code of a run folder you did not write
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
+CHECKSUM_CHOICES = ("xxh3_128", "sha256")  # runner.engine.manifest.CHECKSUMS, without importing the engine
 STRATEGIES = ("none", "ddp", "fsdp")
 TRACKERS = ("tensorboard", "none")
 # Built-in recipes by name; ``classification`` is the supervised loop under its earlier name.
@@ -59,6 +60,7 @@ class TrainerConfig:
     log_every_n_steps: int | None = 10
     eval_every_n_steps: int | None = None  # null: at the end of each epoch
     checkpoint_every_n_steps: int | None = None  # null: at the end of each epoch
+    async_checkpoint: bool = False  # save_state(async_save=True): the loop waits only for the copy to memory
     cpu: bool = False
     progress_bar: bool = True
     compile: bool = False  # torch.compile the model
@@ -98,6 +100,7 @@ class ProjectConfig:
     automatic_checkpoint_naming: bool = True
     total_limit: int | None = None
     iteration: int = 0
+    checksum: str = CHECKSUM_CHOICES[0]  # the digest checkpoints record of every file
 
 
 @dataclass

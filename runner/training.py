@@ -106,6 +106,7 @@ class TrainingLoop:
             trainer.checkpoint_every_n_steps,
         )
         self.evaluate_split, self.unit, self.extra_logs = evaluate, unit, extra_logs
+        self.async_checkpoint = trainer.async_checkpoint
         self.config_sha256 = config_hash(cfg)
         self.metrics: dict[str, float] = {}
         self.reporter = ProgressReporter(
@@ -192,7 +193,8 @@ class TrainingLoop:
 
     def checkpoint(self) -> None:
         self.progress.keep_running_loss(self.accelerator, self.running_loss, self.micro_batches)
-        self.accelerator.save_state(metadata={"step": self.step, "config_sha256": self.config_sha256})
+        metadata = {"step": self.step, "config_sha256": self.config_sha256}
+        self.accelerator.save_state(metadata=metadata, async_save=self.async_checkpoint)
         self.last_checkpoint = self.step
 
     def objective(self, metric: str) -> float | None:

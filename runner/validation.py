@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.config import (
     CHAR_CORPUS,
+    CHECKSUM_CHOICES,
     DIRECTIONS,
     MIXED_PRECISION_CHOICES,
     MODEL_COMPUTES_LOSS,
@@ -88,6 +89,7 @@ def validate(cfg: DictConfig) -> None:
     _at_least(cfg, "data.num_workers", 0)
     _check_data(cfg)
     _at_least(cfg, "project.total_limit", 1, optional=True)
+    _choice(cfg, "project.checksum", CHECKSUM_CHOICES)
     _at_least(cfg, "project.iteration", 0)
     if not 0 <= cfg.seed < 2**63:
         raise ConfigError(f"seed={cfg.seed} must be between 0 and 2**63-1 (torch's generators take 64 bits).")

@@ -190,7 +190,7 @@ def _stopped(stop, project_dir: str, *, sweep: bool = False) -> str:
     """One sentence for a preempted run: what stopped it, what was saved, and how to continue."""
     from runner.engine.checkpoint import checkpoints_dir, newest_intact_checkpoint
 
-    newest, _ = newest_intact_checkpoint(checkpoints_dir(project_dir))
+    newest, _ = newest_intact_checkpoint(checkpoints_dir(project_dir), verify_checksums=False)
     saved = f"{newest.name} is saved" if newest is not None else "no checkpoint was completed"
     if sweep:
         how = "run the same sweep command again to continue"

@@ -2,7 +2,7 @@
 
 Prints one line per ``checkpoints/checkpoint_N`` folder: its number, step, epoch, when it was saved,
 its size, and whether it is intact (manifest present and undamaged, every file complete and matching
-its sha256), damaged (with the sentence saying why), incomplete, or a symbolic link (ignored).
+its digests), damaged (with the sentence saying why), incomplete, or a symbolic link (ignored).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def format_table(records: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runner.checkpoints", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="a run folder (the one holding checkpoints/)")
-    parser.add_argument("--quick", action="store_true", help="check file sizes only, not sha256")
+    parser.add_argument("--quick", action="store_true", help="check file sizes only, not the digests")
     args = parser.parse_args(argv)
     if not (args.run_dir / CHECKPOINTS_DIR).is_dir():
         print(f"runner.checkpoints: error: {args.run_dir} has no {CHECKPOINTS_DIR}/ folder; pass a run folder.",

@@ -90,7 +90,8 @@ def find_checkpoint(path: str, *, verify_checksums: bool = True) -> tuple[Path, 
     """The run folder and checkpoint folder that ``resume=path`` names.
 
     ``path`` is a ``checkpoints/checkpoint_N`` folder, or a run folder (its newest intact checkpoint,
-    skipping damaged ones with a warning).
+    skipping damaged ones with a warning). With ``verify_checksums`` the files are hashed here, and the
+    workers this process starts do not hash them again; without, only their sizes are checked here.
 
     Raises:
         ConfigError: The path is missing, not a checkpoint or run folder, or has no intact checkpoint.
@@ -115,24 +116,29 @@ def find_checkpoint(path: str, *, verify_checksums: bool = True) -> tuple[Path, 
             f"resume={path} is neither a checkpoint folder (checkpoint_N) nor a run folder (it has no "
             f"{CHECKPOINTS_DIR}/ folder); pass one of those."
         )
-    newest, skipped = newest_intact_checkpoint(folder / CHECKPOINTS_DIR)
+    newest, skipped = newest_intact_checkpoint(folder / CHECKPOINTS_DIR, verify_checksums=verify_checksums)
     for checkpoint, error in skipped:
         logger.warning("Skipping %s: %s", checkpoint.name, error)
-    if newest is not None:
-        _check_intact(newest, path, verify_checksums=False)  # newest_intact_checkpoint checked its files
+    if newest is not None:  # newest_intact_checkpoint checked it (and hashed it, with verify_checksums)
+        _check_intact(newest, path, verify_checksums=False, verified=verify_checksums)
         return folder, newest
     raise ConfigError(
         f"resume={path} has no complete checkpoint in {folder / CHECKPOINTS_DIR}; start a new run instead."
     )
 
 
-def _check_intact(checkpoint: Path, path: str, *, verify_checksums: bool) -> None:
+def _check_intact(checkpoint: Path, path: str, *, verify_checksums: bool, verified: bool = False) -> None:
+    """Refuse a damaged checkpoint, or one not written by the runner. Once its files are verified here
+    (``verify_checksums``, or ``verified`` already), the workers this process starts do not hash them again."""
     from runner.engine.checkpoint import CheckpointError, read_manifest
+    from runner.engine.manifest import mark_verified
 
     try:
-        read_manifest(checkpoint, verify_checksums=verify_checksums)
+        manifest = read_manifest(checkpoint, verify_checksums=verify_checksums)
     except CheckpointError as error:
         raise ConfigError(f"resume={path}: {error}") from None
+    if verify_checksums or verified:
+        mark_verified(checkpoint, manifest)
     if not (checkpoint / CONFIG_FILE).is_file():
         raise ConfigError(
             f"resume={path}: {checkpoint} has no {CONFIG_FILE}, so it was not written by `python -m runner`; "

@@ -684,6 +684,7 @@ class Accelerator:
         *,
         metadata: dict[str, Any] | None = None,
         async_commit: bool = False,
+        async_save: bool = False,
     ) -> str:
         """Save models, optimizers, schedulers, scaler, RNG states, data position and registered objects.
 
@@ -697,11 +698,16 @@ class Accelerator:
             output_dir: The folder to write (ignored under automatic naming). A folder that holds
                 anything but a checkpoint is refused, since saving replaces it whole.
             metadata: JSON-able facts to record in the manifest besides the engine's own (step,
-                epoch, data position, accumulation, world size, files with sizes and sha256).
-            async_commit: Return once every rank's files are written; rank 0 hashes them, writes
-                the manifest and commits in a background thread while training goes on. The folder
-                still appears only once complete; the next ``save_state``, ``load_state``,
-                ``wait_for_checkpoint`` or ``end_training`` waits for it (and raises its error).
+                epoch, data position, accumulation, world size, files with sizes and digests).
+            async_save: Return once the state is copied to host memory (pinned under CUDA); every
+                rank writes and hashes its files, and rank 0 writes the manifest, syncs and commits,
+                in background threads while training goes on (FSDP's shards through
+                ``torch.distributed.checkpoint.async_save``). See :mod:`runner.engine.async_checkpoints`.
+            async_commit: Return once every rank's files are written and hashed; rank 0 writes the
+                manifest and commits in a background thread. With either, the folder still appears
+                only once complete, and the next ``save_state``, ``load_state``,
+                ``wait_for_checkpoint`` or ``end_training`` waits for it (and raises its error on
+                every process).
 
         Returns:
             The checkpoint folder.
@@ -716,11 +722,13 @@ class Accelerator:
             project=self.project_configuration,
             metadata=metadata,
             async_commit=async_commit,
+            async_save=async_save,
         )
         return str(target)
 
     def wait_for_checkpoint(self) -> None:
-        """Block until a checkpoint saved with ``async_commit`` is committed; raise its error if it failed.
+        """Block until a checkpoint saved with ``async_save`` or ``async_commit`` is committed; raise its error if
+        it failed.
 
         Every process must call this (``save_state``, ``load_state`` and ``end_training`` do): rank 0
         waits for its commit, then tells every rank how it went, so all of them raise alike.
@@ -733,7 +741,8 @@ class Accelerator:
         Without ``input_dir`` (and with automatic naming) the newest committed checkpoint of
         ``project_dir`` is loaded. After loading ``checkpoint_K`` the next automatic save is
         ``checkpoint_{K+1}``. Every file is checked against the manifest first: its size, and with
-        ``verify_checksums`` (the default) its sha256, which costs one extra read of the checkpoint.
+        ``verify_checksums`` (the default) the digest of every slice, each hashed once, by one process
+        (the processes split the files they all read), before anything is loaded.
         Prepared loaders continue from the saved data position on their next pass.
 
         Raises:

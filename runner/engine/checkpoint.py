@@ -30,7 +30,15 @@ from torch.utils.hooks import RemovableHandle
 
 from runner.engine import manifest as manifests
 from runner.engine import node_local_checkpoints as node_local
-from runner.engine.checkpoint_files import StagingFolder, contents, first_failure, raise_if_failed, write_files
+from runner.engine.async_checkpoints import BackgroundSaves, Snapshot, write_in_background
+from runner.engine.checkpoint_files import (
+    StagingFolder,
+    contents,
+    first_failure,
+    raise_if_failed,
+    share_outcome,
+    write_files,
+)
 from runner.engine.checkpoint_folders import (
     ProjectConfiguration,
     check_writable_target,
@@ -106,6 +114,8 @@ def save_training_state(
     before_write: Callable[[Path], None] | None = None,
     after_commit: Callable[[], None] | None = None,
     committer: Executor | None = None,
+    checksum: str = manifests.DEFAULT_CHECKSUM,
+    background: BackgroundSaves | None = None,
 ) -> Future | None:
     """Write the prepared objects' state as the checkpoint folder ``target``, committing it atomically.
 
@@ -118,11 +128,15 @@ def save_training_state(
         before_write: Called on every rank with the staging folder before anything is written;
             files it writes there become part of the checkpoint.
         after_commit: Called on rank 0 once the checkpoint is committed (rotation, say).
-        committer: Hash, write the manifest and commit on this executor (rank 0), and return as soon
-            as every rank's files are written. The folder still appears only once complete.
+        committer: Write the manifest and commit on this executor (rank 0), and return as soon as
+            every rank's files are written and hashed. The folder still appears only once complete.
+        checksum: The digest the manifest records of each file's slices (``manifest.CHECKSUMS``).
+        background: Copy the state to host memory and return; every rank writes, hashes and commits in
+            these background saves (see :mod:`runner.engine.async_checkpoints`).
 
     Returns:
-        Rank 0's pending commit when ``committer`` is given, else None.
+        With ``background``, this rank's pending save (its result: None, or the failure sentence every
+        rank gets alike); with ``committer``, rank 0's pending commit; else None.
     """
     # Between syncs each rank holds gradients it has not shared yet: they are part of the state.
     mid_cycle = prepared.gradient_state.step % prepared.gradient_state.num_steps != 0
@@ -130,9 +144,13 @@ def save_training_state(
     metadata = metadata or {}
     manifests.check_metadata(metadata)
     rank = prepared.env.rank
-    staging = _write_staging(
-        target, prepared, models=models, weights=weights, mid_cycle=mid_cycle, before_write=before_write
-    )
+    staging, writer = StagingFolder(staging_dir(target)), None
+    if background is not None:
+        writer = Snapshot(staging.path, groups=lambda index: background.group(index + 1))
+    entries = _write_staging(
+        staging, target, prepared, writer=writer, models=models, weights=weights, mid_cycle=mid_cycle,
+        before_write=before_write, checksum=checksum,
+    )  # fmt: skip
     record = {
         "world_size": prepared.env.world_size,
         "iteration": iteration,
@@ -141,7 +159,12 @@ def save_training_state(
             prepared, models=models, weights=weights, metadata=metadata, mid_cycle=mid_cycle
         ),  # after the hooks ran
         "metadata": metadata,
+        "checksum": checksum,
+        "entries": entries,
     }
+    if background is not None:
+        saving = partial(write_in_background, writer, staging, target, rank=rank, group=background.group(0))
+        return background.submit(partial(saving, record=record, after_commit=after_commit))
     commit = partial(_commit, staging.path, target, record=record, after_commit=after_commit)
     if committer is not None:
         return committer.submit(commit) if rank == 0 else None
@@ -165,17 +188,21 @@ def _commit(staging: Path, target: Path, *, record: dict[str, Any], after_commit
 
 
 def _write_staging(
+    staging: StagingFolder,
     target: Path,
     prepared: PreparedObjects,
     *,
+    writer: Snapshot | None,
     models: Sequence[nn.Module],
     weights: Sequence[dict[str, torch.Tensor]] | None,
     mid_cycle: bool,
     before_write: Callable[[Path], None] | None,
-) -> StagingFolder:
-    """Every rank writes its files into the staging folder of ``target``; raises on all ranks if any failed."""
+    checksum: str,
+) -> dict[str, dict[str, Any]]:
+    """Every rank writes its files into the staging folder of ``target`` and hashes them (or, with a ``writer``
+    snapshot, copies them to host memory); raises on all ranks if any failed. Returns every rank's entries for
+    the manifest."""
     rank = prepared.env.rank
-    staging = StagingFolder(staging_dir(target))
     if rank == 0:
         remove_folder(staging.path)  # left by a save that crashed; never a committed checkpoint
         staging.path.mkdir(parents=True)
@@ -185,14 +212,17 @@ def _write_staging(
     try:
         if before_write is not None:
             before_write(staging.path)
-        write_files(staging, prepared, models=models, weights=weights, mid_cycle=mid_cycle)
-        failure = None
+        write_files(writer or staging, prepared, models=models, weights=weights, mid_cycle=mid_cycle)
+        if writer is not None:
+            writer.finish_copies()
+        entries, failure = ({} if writer is not None else staging.entries(checksum)), None
     except (OSError, CheckpointException) as error:  # a full disk, a lost mount, a failed DCP write
-        failure = f"rank {rank}: {failure_reason(error)}"
+        entries, failure = {}, f"rank {rank}: {failure_reason(error)}"
     # Every rank learns of any rank's failure (so none waits forever), and all files are on disk
     # before the manifest lists them.
-    raise_if_failed(first_failure(failure), staging.path, target, rank)
-    return staging
+    failure, entries = share_outcome(failure, entries)
+    raise_if_failed(failure, staging.path, target, rank)
+    return entries
 
 
 def engine_metadata(loaders: Sequence[Any], optimizers: Sequence[Any], gradient_state: Any) -> dict[str, Any]:
@@ -227,6 +257,8 @@ class Checkpointer:
         self._committer: ThreadPoolExecutor | None = None  # rank 0's background commits
         self._pending: Future | None = None  # on rank 0 only
         self._in_flight = False  # known on every rank
+        self._background = BackgroundSaves()
+        self._saving: Future | None = None  # every rank's async_save
 
     @staticmethod
     def register(hooks: OrderedDict, hook: Callable) -> RemovableHandle:
@@ -260,11 +292,13 @@ class Checkpointer:
         project: ProjectConfiguration,
         metadata: dict[str, Any] | None,
         async_commit: bool,
+        async_save: bool = False,
     ) -> Path:
         """Save ``prepared`` (see ``Accelerator.save_state``); every rank calls it. Returns the checkpoint folder."""
         self.wait()
         if project.save_on_each_node:
-            node_local.check_save(prepared, async_commit=async_commit)
+            background = "async_save" if async_save else "async_commit" if async_commit else None
+            node_local.check_save(prepared, background=background)
             target = node_local.target(project, output_dir)
         else:
             target = self._target(prepared.env, project, output_dir)
@@ -289,20 +323,32 @@ class Checkpointer:
             metadata={**facts, **(metadata or {})},
             before_write=run_hooks,
             after_commit=rotate,
+            checksum=project.checksum,
         )
         if project.save_on_each_node:
             node_local.save_training_state(target, prepared, **saving)
+        elif async_save:
+            self._saving = save_training_state(target, prepared, **saving, background=self._background)
         else:
             self._pending = save_training_state(
                 target, prepared, **saving, committer=self._committer if async_commit else None
             )
-        self._in_flight = async_commit
+        self._in_flight = async_commit and not async_save
         if project.automatic_checkpoint_naming:
             project.iteration += 1
         return target
 
     def wait(self) -> None:
-        """Rank 0 waits for its background commit, then every rank learns how it went and raises alike."""
+        """Wait for the last save's background work; raise its failure on every rank alike.
+
+        After ``async_save`` every rank waits for its own background save (they end together, with the
+        same outcome); after ``async_commit`` rank 0 waits for its commit, then tells every rank how it went.
+        """
+        saving, self._saving = self._saving, None
+        if saving is not None:
+            failure = saving.result()
+            if failure is not None:
+                raise CheckpointError(failure)
         if not self._in_flight:
             return
         self._in_flight = False

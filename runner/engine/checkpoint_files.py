@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from runner.engine.constants import (
     indexed_name,
     rng_state_name,
 )
-from runner.engine.manifest import CheckpointError
+from runner.engine.manifest import CheckpointError, file_entries
 from runner.engine.ops import gather_object
 from runner.engine.prepared import PreparedObjects
 from runner.engine.rng import get_rng_state
@@ -38,16 +38,38 @@ def _torch_save_atomically(obj: Any, path: Path) -> None:
 @dataclass(frozen=True)
 class StagingFolder:
     """The folder a checkpoint is written into before its commit: the ``CheckpointWriter`` the strategies
-    write their state with. The engine's files and the replicated strategies' go in through its methods;
-    sharded FSDP's DCP writer and the save hooks write under :attr:`path` directly."""
+    write their state with. The engine's files and the strategies' go in through its methods (which
+    record what this rank wrote, for it to hash); the save hooks write under :attr:`path` directly."""
 
     path: Path
+    written: list[str] = field(default_factory=list)
 
     def save_tensors(self, tensors: Mapping[str, torch.Tensor], name: str) -> None:
         save_safetensors(tensors, self.path / name)
+        self.written.append(name)
 
     def save_object(self, obj: Any, name: str) -> None:
         _torch_save_atomically(obj, self.path / name)
+        self.written.append(name)
+
+    def save_sharded(self, state: dict[str, Any], name: str) -> None:
+        from runner.engine.sharded_state import save_dcp
+
+        save_dcp(state, self.path / name)
+        self.written.extend(own_shards(self.path / name, self.path))
+
+    def entries(self, checksum: str) -> dict[str, dict[str, Any]]:
+        """The manifest's entries (sizes and slice digests) of the files this rank wrote: each rank hashes its
+        own, while they are in its page cache, and rank 0 lists them (and hashes only what else is there)."""
+        return file_entries(self.path, self.written, checksum)
+
+
+def own_shards(folder: Path, staging: Path) -> list[str]:
+    """The files this rank's DCP writer wrote in ``folder`` (DCP names them ``__{rank}_{n}.distcp``)."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return sorted(path.relative_to(staging).as_posix() for path in folder.glob(f"__{rank}_*.distcp"))
 
 
 def write_files(
@@ -101,6 +123,13 @@ def contents(
     }
 
 
+def share_outcome(failure: str | None, entries: dict[str, dict[str, Any]]) -> tuple[str | None, dict[str, dict]]:
+    """The first failed rank's failure and every rank's file entries, told to every rank (a collective)."""
+    gathered = gather_object([(failure, entries)])
+    first = next((failed for failed, _ in gathered if failed), None)
+    return first, {name: entry for _, listed in gathered for name, entry in listed.items()}
+
+
 def first_failure(failure: str | None) -> str | None:
     """The first failed rank's failure, told to every rank (a collective when distributed)."""
     return next(filter(None, gather_object([failure])), None)
@@ -126,4 +155,4 @@ def _gradients(models: Sequence[nn.Module]) -> dict[str, torch.Tensor]:
     }
 
 
-__all__ = ["StagingFolder", "contents", "first_failure", "raise_if_failed", "write_files"]
+__all__ = ["StagingFolder", "contents", "first_failure", "raise_if_failed", "share_outcome", "write_files"]

@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.engine.constants import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, INCOMPLETE_SUFFIX, MANIFEST_NAME
-from runner.engine.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
+from runner.engine.manifest import (
+    CHECKSUMS,
+    DEFAULT_CHECKSUM,
+    CheckpointError,
+    CheckpointNotFoundError,
+    read_manifest,
+)
 from runner.files import fsync_path
 
 _CHECKPOINT_RE = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
@@ -36,6 +42,9 @@ class ProjectConfiguration:
         save_on_each_node: ``project_dir`` (or ``output_dir``) is on each node's own disk: every node
             keeps a copy of each checkpoint, written and committed by its local main process (see
             :mod:`runner.engine.node_local_checkpoints`). Off by default: one folder every rank sees.
+        checksum: The digest the manifest records of each file's slices and loading verifies:
+            ``"xxh3_128"`` (xxHash, an integrity check at memory speed; the default) or ``"sha256"``
+            (cryptographic, about 6x slower to hash). Either reads checkpoints saved with the other.
     """
 
     project_dir: str | None = None
@@ -44,8 +53,12 @@ class ProjectConfiguration:
     total_limit: int | None = None
     iteration: int = 0
     save_on_each_node: bool = False
+    checksum: str = DEFAULT_CHECKSUM
 
     def __post_init__(self) -> None:
+        if self.checksum not in CHECKSUMS:
+            choices = " or ".join(map(repr, CHECKSUMS))
+            raise ValueError(f"checksum={self.checksum!r} is not a digest checkpoints record; use {choices}.")
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
         if self.total_limit is not None and self.total_limit < 1:
@@ -94,13 +107,16 @@ def newest_checkpoint_number(checkpoints_dir: str | os.PathLike) -> int | None:
     return max((n for n in numbers if n is not None), default=None)
 
 
-def newest_intact_checkpoint(directory: Path) -> tuple[Path | None, list[tuple[Path, CheckpointError]]]:
+def newest_intact_checkpoint(
+    directory: Path, *, verify_checksums: bool = True
+) -> tuple[Path | None, list[tuple[Path, CheckpointError]]]:
     """The newest committed checkpoint in ``directory`` whose files match its manifest, and the newer
-    damaged ones skipped on the way (each with its error)."""
+    damaged ones skipped on the way (each with its error). ``verify_checksums=False``: only the cheap
+    checks of :func:`read_manifest` (the load that follows hashes the files)."""
     skipped = []
     for checkpoint in reversed(committed_checkpoints(directory)):
         try:
-            read_manifest(checkpoint)
+            read_manifest(checkpoint, verify_checksums=verify_checksums)
         except CheckpointError as error:
             skipped.append((checkpoint, error))
             continue

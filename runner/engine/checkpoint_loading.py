@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from runner.engine.checkpoint_files import first_failure
 from runner.engine.constants import (
     DCP_METADATA_NAME,
     SCALER_NAME,
@@ -29,7 +30,14 @@ from runner.engine.constants import (
     rng_state_name,
 )
 from runner.engine.distributed import DistributedEnvironment
-from runner.engine.manifest import CheckpointError, read_manifest
+from runner.engine.manifest import (
+    CheckpointError,
+    first_mismatch,
+    manifest_slices,
+    read_manifest,
+    share_of,
+    take_verified,
+)
 from runner.engine.prepared import PreparedObjects
 from runner.engine.rng import set_rng_state, set_seed
 from runner.engine.serialization import load_safetensors
@@ -78,8 +86,15 @@ def load_training_state(
         CheckpointError: The folder is incomplete or damaged, or holds a different set of objects, or is
             one node's copy (``save_on_each_node``) without this rank's files.
     """
-    manifest = read_manifest(checkpoint, verify_checksums=verify_checksums)
-    check_own_files(checkpoint, manifest, prepared.env)
+    manifest = read_manifest(checkpoint, verify_checksums=False)
+    try:
+        check_own_files(checkpoint, manifest, prepared.env)
+    except CheckpointError:
+        if verify_checksums:  # a collective: this rank still hashes its share for the others, then raises its own
+            verify_together(checkpoint, manifest, prepared.env)
+        raise
+    if verify_checksums:
+        verify_together(checkpoint, manifest, prepared.env)
     saved = ListedCheckpoint(checkpoint, manifest["state_format"], manifest["files"])
     prepared.strategy.check_load(saved)
     mid_cycle = _check_fits(checkpoint, manifest, prepared, models)
@@ -103,6 +118,31 @@ def load_training_state(
     if mid_cycle:
         _load_gradients(saved.load_tensors(gradients_name(rank)), models)
     return manifest
+
+
+def verify_together(
+    checkpoint: Path, manifest: dict[str, Any], env: DistributedEnvironment, *, node_ranks: Sequence[int] | None = None
+) -> None:
+    """Every file's digests checked once in all: each rank hashes its own files and an equal share of the
+    ones every rank reads, then all learn every rank's verdict (a collective). A save the launching
+    process already verified (:func:`runner.engine.manifest.take_verified`) is not hashed again.
+
+    Args:
+        node_ranks: The ranks that share this node's copy (``save_on_each_node``): they split it among them.
+
+    Raises:
+        CheckpointError: On every rank, naming the first damaged file and its byte range.
+    """
+    ranks = list(range(env.world_size)) if node_ranks is None else list(node_ranks)
+    owners = {rng_state_name(rank): i for i, rank in enumerate(ranks)}
+    owners |= {gradients_name(rank): i for i, rank in enumerate(ranks)}
+    failure = None
+    if not take_verified(checkpoint, manifest):
+        mine = share_of(manifest_slices(manifest), rank=ranks.index(env.rank), ranks=len(ranks), owners=owners)
+        failure = first_mismatch(checkpoint, manifest, mine)
+    failure = first_failure(failure) if env.world_size > 1 else failure
+    if failure is not None:
+        raise CheckpointError(failure)
 
 
 def check_own_files(checkpoint: Path, manifest: dict[str, Any], env: DistributedEnvironment) -> None:

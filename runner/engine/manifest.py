@@ -1,8 +1,10 @@
 """A checkpoint's manifest: what the checkpoint holds and how it was written, checked before anything is loaded.
 
 Rank 0 writes ``manifest.json`` last (under ``save_on_each_node``, each node's local main process
-writes its node's copy's, see ``node_local_ranks``). It lists every file with its size and the sha256 of each
-``chunk_bytes`` slice, and records what the save wrote: ``state_format`` (``"safetensors"``: models
+writes its node's copy's, see ``node_local_ranks``). It lists every file with its size and the digest of each
+``chunk_bytes`` slice (``checksum``: xxHash's ``xxh3_128`` by default, a fast integrity digest;
+``sha256`` where ``ProjectConfiguration(checksum="sha256")`` asks for a cryptographic one), and records
+what the save wrote: ``state_format`` (``"safetensors"``: models
 as safetensors and optimizers as ``torch.save`` files; ``"dcp"``: FSDP's sharded model and optimizer
 folders), ``contents`` (how many models, optimizers, schedulers, custom objects and dataloaders, and
 whether a loss scaler and pending gradients were saved), the world size and the engine's position
@@ -18,26 +20,31 @@ every copy; the other ranks' are on their nodes. Without it the folder holds eve
 :func:`read_manifest` treats the folder as data, in this order: every field's type and range; every
 listed name is a plain relative path (no ``..``, not absolute); the digest; the listed files against
 ``contents`` and ``state_format``; then, on disk, no listed name is or goes through a symbolic link;
-the sizes; and last the sha256 of every slice. Nothing is opened, stat'ed or hashed before the names
+the sizes; and last the digest of every slice. Nothing is opened, stat'ed or hashed before the names
 are known to stay inside the folder. Any problem is one CheckpointError sentence naming the file.
+Loading hashes each slice once, on one rank (see :func:`share_of`), as it maps the file's bytes.
 
-Manifests of earlier formats (2 and 3) are refused: they carry no digest, so accepting them would let
-any edit pass by lowering the format number. Checkpoints saved by earlier versions are listed as
-damaged, and resuming a run folder falls back past them.
+Format 4 manifests (sha256 of every slice, listed as ``sha256_chunks``) still verify. Those of
+formats 2 and 3 are refused: they carry no digest, so accepting them would let any edit pass by
+lowering the format number. Checkpoints saved by those versions are listed as damaged, and resuming
+a run folder falls back past them.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
+import mmap
 import os
 import re
 import stat
 import time
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
+
+import xxhash
 
 from runner.engine.constants import (
     DCP_METADATA_NAME,
@@ -46,6 +53,7 @@ from runner.engine.constants import (
     OPTIMIZER_NAME,
     SCALER_NAME,
     SCHEDULER_NAME,
+    VERIFIED_CHECKPOINT_ENV,
     custom_state_name,
     gradients_name,
     indexed_name,
@@ -53,12 +61,17 @@ from runner.engine.constants import (
 )
 from runner.files import write_text_atomically
 
-MANIFEST_FORMAT = 4
-# Files are hashed in slices of this many bytes, all slices of all files in parallel threads
-# (hashlib releases the GIL): verifying costs a fraction of one core per slice, not one core per file.
+MANIFEST_FORMAT = 5
+SHA256_FORMAT = 4  # every slice's sha256 as sha256_chunks; still read
+# Files are hashed in slices of this many bytes, all slices of all files in parallel threads (xxhash
+# and hashlib release the GIL): verifying costs a fraction of one core per slice, not one core per file.
 CHUNK_BYTES = 32 << 20
 STATE_FORMATS = ("safetensors", "dcp")
+# The slice digests a manifest can record, and how many hex digits each has.
+CHECKSUMS = {"xxh3_128": (xxhash.xxh3_128, 32), "sha256": (hashlib.sha256, 64)}
+DEFAULT_CHECKSUM = "xxh3_128"
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+_HEX = re.compile(r"[0-9a-f]+")
 
 
 class CheckpointError(ValueError):
@@ -94,6 +107,7 @@ _OWN_FIELDS = {
     "files": (lambda value: isinstance(value, dict), "an object"),
     "digest": (lambda value: isinstance(value, str) and _HEX_DIGEST.fullmatch(value), "a sha256 hex digest"),
 }
+_CHECKSUM_FIELDS = {"checksum": (lambda value: value in CHECKSUMS, " or ".join(map(repr, CHECKSUMS)))}
 # Only in a node's copy of a checkpoint saved with save_on_each_node (checked against world_size below).
 _NODE_LOCAL_FIELDS = {
     "node_local_ranks": (
@@ -135,34 +149,126 @@ _CONTENTS_FIELDS = {
 }
 
 
-def sha256_of(path: Path, offset: int = 0, length: int | None = None) -> str:
-    """sha256 of ``length`` bytes of ``path`` from ``offset`` (to the end by default)."""
-    digest = hashlib.sha256()
-    remaining = float("inf") if length is None else length
-    with open(path, "rb", buffering=0) as f:
-        f.seek(offset)
-        while remaining > 0 and (block := f.read(int(min(1 << 22, remaining)))):
-            digest.update(block)
-            remaining -= len(block)
-    return digest.hexdigest()
+class Slice(NamedTuple):
+    """Bytes ``offset`` to ``offset + length`` of the listed file ``name``: its ``index``-th slice."""
+
+    name: str
+    index: int
+    offset: int
+    length: int
 
 
-def chunk_digests(paths: list[Path], chunk_bytes: int = CHUNK_BYTES) -> list[list[str]]:
-    """For each file, the sha256 of each of its ``chunk_bytes`` slices (one slice for an empty file)."""
-    tasks = []
-    for index, path in enumerate(paths):
-        size = path.stat().st_size
-        tasks += [(index, path, offset) for offset in range(0, max(size, 1), chunk_bytes)]
-    digests: list[list[str]] = [[] for _ in paths]
-    workers = min(len(tasks), os.cpu_count() or 1, 16)
+def file_slices(name: str, size: int, chunk_bytes: int = CHUNK_BYTES) -> list[Slice]:
+    """The slices of a file of ``size`` bytes (one, empty, for an empty file)."""
+    offsets = range(0, max(size, 1), chunk_bytes)
+    return [Slice(name, i, offset, min(chunk_bytes, size - offset)) for i, offset in enumerate(offsets)]
+
+
+def slice_digest(path: Path, offset: int, length: int, checksum: str) -> str:
+    """The ``checksum`` digest of ``length`` bytes of ``path`` from ``offset``, hashed through a memory map of them
+    (no copy; a file shorter than that gets a digest that matches nothing)."""
+    hasher = CHECKSUMS[checksum][0]()
+    if length:
+        with open(path, "rb", buffering=0) as file:
+            try:
+                mapped = mmap.mmap(file.fileno(), length, offset=offset, access=mmap.ACCESS_READ)
+            except ValueError:  # the file is shorter than its listed size now
+                return ""
+            with mapped:
+                hasher.update(mapped)
+    return hasher.hexdigest()
+
+
+def hash_slices(folder: Path, slices: Sequence[Slice], checksum: str) -> list[str]:
+    """The digest of each slice of the files under ``folder``, all slices in parallel threads."""
+
+    def digest(piece: Slice) -> str:
+        return slice_digest(folder / piece.name, piece.offset, piece.length, checksum)
+
+    workers = min(len(slices), os.cpu_count() or 1, 16)
     if workers <= 1:
-        hashed = [sha256_of(path, offset, chunk_bytes) for _, path, offset in tasks]
-    else:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            hashed = list(pool.map(lambda task: sha256_of(task[1], task[2], chunk_bytes), tasks))
-    for (index, _, _), digest in zip(tasks, hashed, strict=True):
-        digests[index].append(digest)
-    return digests
+        return [digest(piece) for piece in slices]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(digest, slices))
+
+
+def file_entries(
+    folder: Path, names: Collection[str], checksum: str = DEFAULT_CHECKSUM, chunk_bytes: int = CHUNK_BYTES
+) -> dict[str, dict[str, Any]]:
+    """The manifest's entries for the files ``names`` under ``folder``: their sizes and slice digests."""
+    sizes = {name: (folder / name).stat().st_size for name in names}
+    slices = [piece for name in names for piece in file_slices(name, sizes[name], chunk_bytes)]
+    entries: dict[str, dict[str, Any]] = {name: {"bytes": sizes[name], "digests": []} for name in names}
+    for piece, digest in zip(slices, hash_slices(folder, slices, checksum), strict=True):
+        entries[piece.name]["digests"].append(digest)
+    return entries
+
+
+def checksum_of(manifest: dict[str, Any]) -> str:
+    """The digest a checked manifest records its files' slices with."""
+    return "sha256" if manifest["format"] == SHA256_FORMAT else manifest["checksum"]
+
+
+def listed_digests(manifest: dict[str, Any], name: str) -> list[str]:
+    """The digests a checked manifest lists for the slices of file ``name``."""
+    return manifest["files"][name]["sha256_chunks" if manifest["format"] == SHA256_FORMAT else "digests"]
+
+
+def manifest_slices(manifest: dict[str, Any], names: Collection[str] | None = None) -> list[Slice]:
+    """The slices of the listed files (of ``names`` only, if given), in the manifest's order."""
+    files = manifest["files"]
+    return [
+        piece
+        for name, entry in files.items()
+        if names is None or name in names
+        for piece in file_slices(name, entry["bytes"], manifest["chunk_bytes"])
+    ]
+
+
+def share_of(slices: Sequence[Slice], *, rank: int, ranks: int, owners: dict[str, int]) -> list[Slice]:
+    """The slices rank ``rank`` of ``ranks`` hashes when they verify a checkpoint together, each slice once.
+
+    A file ``owners`` maps to a rank (a rank's own RNG state, say) is hashed by that rank alone; the
+    others (the model every rank reads, under DDP) are split into ``ranks`` runs of about equal bytes.
+    """
+    shared = [piece for piece in slices if piece.name not in owners]
+    total = sum(piece.length for piece in shared)
+    mine = [piece for piece in slices if owners.get(piece.name) == rank]
+    start = 0
+    for piece in shared:
+        if min(ranks - 1, start * ranks // total if total else 0) == rank:
+            mine.append(piece)
+        start += piece.length
+    return mine
+
+
+def first_mismatch(checkpoint: Path, manifest: dict[str, Any], slices: Sequence[Slice]) -> str | None:
+    """The sentence for the first of ``slices`` whose digest differs from the manifest's, or None."""
+    checksum = checksum_of(manifest)
+    for piece, digest in zip(slices, hash_slices(checkpoint, slices, checksum), strict=True):
+        if digest != listed_digests(manifest, piece.name)[piece.index]:
+            where = f"bytes {piece.offset}-{piece.offset + piece.length}"
+            return (
+                f"{checkpoint / piece.name} does not match its {checksum} digest in the manifest ({where}); the file "
+                "is corrupted, so load a different checkpoint."
+            )
+    return None
+
+
+def mark_verified(checkpoint: Path, manifest: dict[str, Any]) -> None:
+    """Tell the processes this one starts (its training workers) that ``checkpoint``'s files matched
+    ``manifest`` here: their load of the same save, unchanged since, hashes nothing again."""
+    os.environ[VERIFIED_CHECKPOINT_ENV] = f"{manifest['digest']}:{Path(checkpoint).resolve()}"
+
+
+def take_verified(checkpoint: Path, manifest: dict[str, Any]) -> bool:
+    """Whether the launching process verified this very save of ``checkpoint`` (see :func:`mark_verified`);
+    the mark is used once."""
+    mark = f"{manifest['digest']}:{Path(checkpoint).resolve()}"
+    if os.environ.get(VERIFIED_CHECKPOINT_ENV) != mark:
+        return False
+    del os.environ[VERIFIED_CHECKPOINT_ENV]
+    return True
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
@@ -177,7 +283,7 @@ def check_metadata(metadata: dict[str, Any]) -> None:
     Raises:
         ValueError: One sentence naming the key.
     """
-    taken = sorted(set(metadata) & (set(_OWN_FIELDS) | set(_NODE_LOCAL_FIELDS)))
+    taken = sorted(set(metadata) & (set(_OWN_FIELDS) | set(_CHECKSUM_FIELDS) | set(_NODE_LOCAL_FIELDS)))
     if taken:
         raise ValueError(f"save_state(metadata=...) sets {taken[0]!r}, which the manifest records itself; rename it.")
     try:
@@ -200,26 +306,30 @@ def write_manifest(
     contents: dict[str, Any],
     metadata: dict[str, Any],
     node_local_ranks: list[int] | None = None,
+    checksum: str = DEFAULT_CHECKSUM,
+    entries: dict[str, dict[str, Any]] | None = None,
 ) -> None:
-    """List every file under ``staging`` (the DCP folders' included) with its slices' sha256, then the manifest.
+    """List every file under ``staging`` (the DCP folders' included) with its slices' digests, then the manifest.
 
-    ``node_local_ranks``: the ranks whose files this node's copy holds, under save_on_each_node (else None).
+    Args:
+        node_local_ranks: The ranks whose files this node's copy holds, under save_on_each_node (else None).
+        checksum: The slices' digest (a key of :data:`CHECKSUMS`).
+        entries: What the ranks that wrote some of the files already hashed (:func:`file_entries`);
+            every other file is hashed here.
     """
-    paths = _regular_files(staging)
-    digests = chunk_digests(paths)
-    files = {
-        p.relative_to(staging).as_posix(): {"bytes": p.stat().st_size, "sha256_chunks": d}
-        for p, d in zip(paths, digests, strict=True)
-    }
+    names = [path.relative_to(staging).as_posix() for path in _regular_files(staging)]
+    known = {name: entry for name, entry in (entries or {}).items() if name in names}
+    files = {**known, **file_entries(staging, [name for name in names if name not in known], checksum)}
     own = {
         "format": MANIFEST_FORMAT,
         "chunk_bytes": CHUNK_BYTES,
+        "checksum": checksum,
         "iteration": iteration,
         "world_size": world_size,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "state_format": state_format,
         "contents": contents,
-        "files": files,
+        "files": {name: files[name] for name in names},
     }
     if node_local_ranks is not None:
         own["node_local_ranks"] = list(node_local_ranks)
@@ -243,7 +353,7 @@ def _regular_files(staging: Path) -> list[Path]:
 def read_manifest(checkpoint: Path, *, verify_checksums: bool = True) -> dict[str, Any]:
     """The checkpoint's manifest, after checking it and every file it lists: present, complete, unchanged.
 
-    With ``verify_checksums=False`` everything but the files' sha256 is checked (the manifest, its
+    With ``verify_checksums=False`` everything but the files' digests is checked (the manifest, its
     digest, the names and the sizes): cheap enough to run on every checkpoint after every save.
 
     Raises:
@@ -266,7 +376,9 @@ def read_manifest(checkpoint: Path, *, verify_checksums: bool = True) -> dict[st
     for name, entry in files.items():
         _check_size(checkpoint, name, entry["bytes"])
     if verify_checksums:
-        _verify_digests(checkpoint, files, manifest["chunk_bytes"])
+        mismatch = first_mismatch(checkpoint, manifest, manifest_slices(manifest))
+        if mismatch is not None:
+            raise CheckpointError(mismatch)
     return manifest
 
 
@@ -278,7 +390,7 @@ def _parse(manifest_path: Path) -> dict[str, Any]:
         problem = f"it is not valid JSON ({str(error).splitlines()[0]})"
     else:
         format_ = manifest.get("format") if isinstance(manifest, dict) else None
-        if _positive(format_) and format_ < MANIFEST_FORMAT:
+        if _positive(format_) and format_ < SHA256_FORMAT:
             raise CheckpointError(
                 f"{manifest_path}: format is {format_}, not {MANIFEST_FORMAT}: it was written by an earlier version "
                 "and carries no digest of its own, so load a checkpoint saved by this version or start a new run."
@@ -292,16 +404,17 @@ def _parse(manifest_path: Path) -> dict[str, Any]:
 def _manifest_problem(manifest: Any) -> str | None:
     if not isinstance(manifest, dict):
         return "it is not a JSON object"
-    if manifest.get("format") not in (None, MANIFEST_FORMAT):
+    if manifest.get("format") not in (None, SHA256_FORMAT, MANIFEST_FORMAT):
         return f"format is {_shown(manifest['format'])}, not {MANIFEST_FORMAT}"
     return (
         _fields_problem(manifest, _OWN_FIELDS, required=True)
+        or (None if manifest["format"] == SHA256_FORMAT else _fields_problem(manifest, _CHECKSUM_FIELDS, required=True))
         or _fields_problem(manifest, _POSITION_FIELDS, required=False)
         or _fields_problem(manifest, _NODE_LOCAL_FIELDS, required=False)
         or _node_local_problem(manifest)
         or _fields_problem(manifest["contents"], _CONTENTS_FIELDS, required=True, prefix="contents.")
         or _loaders_problem(manifest)
-        or _files_problem(manifest["files"], manifest["chunk_bytes"])
+        or _files_problem(manifest)
         or (None if manifest["digest"] == manifest_digest(manifest) else _DIGEST_PROBLEM)
         or _contents_problem(manifest)
     )
@@ -343,8 +456,11 @@ def _loaders_problem(record: dict) -> str | None:
     return None
 
 
-def _files_problem(files: dict, chunk_bytes: int) -> str | None:
-    """A listed name that leaves the folder, or an entry without a size and one sha256 per slice."""
+def _files_problem(manifest: dict) -> str | None:
+    """A listed name that leaves the folder, or an entry without a size and one digest per slice."""
+    files, chunk_bytes, checksum = manifest["files"], manifest["chunk_bytes"], checksum_of(manifest)
+    key = "sha256_chunks" if manifest["format"] == SHA256_FORMAT else "digests"
+    hex_digits = CHECKSUMS[checksum][1]
     for name, entry in files.items():
         if not _is_inside(name):
             return f"files lists {_shown(name, limit=240)}, which is not a path inside the checkpoint folder"
@@ -352,12 +468,14 @@ def _files_problem(files: dict, chunk_bytes: int) -> str | None:
             return f"files[{name!r}] is {_shown(entry)}, not an object"
         if not _count(entry.get("bytes")):
             return f"files[{name!r}].bytes is {_shown(entry.get('bytes'))}, not {_COUNT}"
-        digests = entry.get("sha256_chunks")
+        digests = entry.get(key)
         slices = max(1, -(-entry["bytes"] // chunk_bytes))
-        if not isinstance(digests, list) or not all(isinstance(d, str) and _HEX_DIGEST.fullmatch(d) for d in digests):
-            return f"files[{name!r}].sha256_chunks is {_shown(digests)}, not a list of sha256 hex digests"
+        if not isinstance(digests, list) or not all(
+            isinstance(d, str) and len(d) == hex_digits and _HEX.fullmatch(d) for d in digests
+        ):
+            return f"files[{name!r}].{key} is {_shown(digests)}, not a list of {checksum} hex digests"
         if len(digests) != slices:
-            return f"files[{name!r}].sha256_chunks has {len(digests)} digests, not {slices} for {entry['bytes']} bytes"
+            return f"files[{name!r}].{key} has {len(digests)} digests, not {slices} for {entry['bytes']} bytes"
     return None
 
 
@@ -438,20 +556,6 @@ def _check_size(checkpoint: Path, name: str, size: int) -> None:
 def _symlink_sentence(listed: Path, link: Path) -> str:
     where = f"{link} is a symbolic link" if listed == link else f"{listed} goes through the symbolic link {link}"
     return f"{where}; a checkpoint holds only its own files, so load a different checkpoint."
-
-
-def _verify_digests(checkpoint: Path, files: dict[str, dict[str, Any]], chunk_bytes: int) -> None:
-    """Raise for the first file (and slice) whose sha256 differs from the manifest's."""
-    found = chunk_digests([checkpoint / name for name in files], chunk_bytes)
-    for (name, entry), digests in zip(files.items(), found, strict=True):
-        pairs = itertools.zip_longest(digests, entry["sha256_chunks"])
-        index = next((i for i, (digest, wanted) in enumerate(pairs) if digest != wanted), None)
-        if index is not None:
-            where = f"bytes {index * chunk_bytes}-{min((index + 1) * chunk_bytes, entry['bytes'])}"
-            raise CheckpointError(
-                f"{checkpoint / name} does not match its sha256 in the manifest ({where}); the file is corrupted, so "
-                "load a different checkpoint."
-            )
 
 
 def _shown(value: Any, limit: int = 60) -> str:

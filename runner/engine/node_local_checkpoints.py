@@ -16,7 +16,7 @@ keeping the checkpoint it replaces (an explicit ``output_dir`` saved before) asi
 the owners that renamed put the old state back. (c) only once every node holds the new checkpoint
 do the owners delete what it replaced and rotate (``total_limit``) their node's folders. Each
 phase ends in a gather every rank takes part in, so every rank raises the same sentence and none
-waits forever; async_commit is refused, since the phases need every rank.
+waits forever; async_save and async_commit are refused, since the phases need every rank.
 
 On load, every rank reads its own node's copy: every rank learns of any rank's failure, and the
 ranks must agree on the checkpoint's name, step and iteration (each node's newest may differ, or
@@ -50,7 +50,7 @@ from runner.engine.checkpoint_folders import (
 )
 from runner.engine.checkpoint_folders import checkpoint_to_load as find_checkpoint
 from runner.engine.checkpoint_loading import load_training_state as load_whole_state
-from runner.engine.checkpoint_loading import restore_engine_metadata
+from runner.engine.checkpoint_loading import restore_engine_metadata, verify_together
 from runner.engine.constants import CHECKPOINT_PREFIX
 from runner.engine.distributed import DistributedEnvironment
 from runner.engine.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
@@ -90,14 +90,18 @@ def node_of(env: DistributedEnvironment) -> Node:
     return Node(owner, tuple(rank for rank, theirs in enumerate(owners) if theirs == owner))
 
 
-def check_save(prepared: PreparedObjects, *, async_commit: bool) -> None:
-    """Refuse what a node-local save cannot do; every rank decides alike, before any collective."""
+def check_save(prepared: PreparedObjects, *, background: str | None) -> None:
+    """Refuse what a node-local save cannot do; every rank decides alike, before any collective.
+
+    Args:
+        background: The save_state flag that asked for a background save (``"async_save"``), or None.
+    """
     _check_replicated(prepared, verb="save_state")
-    if async_commit:
+    if background is not None:
         raise ValueError(
-            "save_state(async_commit=True) cannot be used with ProjectConfiguration(save_on_each_node=True): each "
+            f"save_state({background}=True) cannot be used with ProjectConfiguration(save_on_each_node=True): each "
             "node commits only once every node has written and renamed its copy, which needs every rank; pass "
-            "async_commit=False."
+            f"{background}=False."
         )
 
 
@@ -169,6 +173,7 @@ def save_training_state(
     metadata: dict[str, Any] | None = None,
     before_write: Callable[[Path], None] | None = None,
     after_commit: Callable[[], None] | None = None,
+    checksum: str = manifests.DEFAULT_CHECKSUM,
 ) -> None:
     """Write and commit this node's copy of ``target``, in the phases of the module docstring.
 
@@ -218,6 +223,7 @@ def save_training_state(
         "contents": contents(prepared, models=models, weights=weights, metadata=metadata, mid_cycle=mid_cycle),
         "metadata": metadata,
         "node_local_ranks": list(node.ranks),
+        "checksum": checksum,
     }
     # (a) Every node's manifest is on disk before any node renames.
     fail.if_any(_attempt(lambda: _write_manifest(staging.path, record)) if owns else None)
@@ -397,10 +403,14 @@ def load_training_state(
             in another node's copy, or it is damaged, or of other objects (the failed rank raises its own).
     """
 
+    if verify_checksums:  # the ranks of each node split its copy's files: a collective, outside the gather below
+        manifest = alike_on_every_rank(lambda: read_manifest(checkpoint, verify_checksums=False), doing="read it")
+        verify_together(checkpoint, manifest, prepared.env, node_ranks=node_of(prepared.env).ranks)
+
     def load() -> dict[str, Any]:
         if before_load is not None:
             before_load()
-        manifest = load_whole_state(checkpoint, prepared, models=models, verify_checksums=verify_checksums)
+        manifest = load_whole_state(checkpoint, prepared, models=models, verify_checksums=False)
         restore_engine_metadata(
             manifest, checkpoint, prepared.dataloaders, prepared.optimizers, prepared.gradient_state
         )

@@ -34,7 +34,8 @@ from runner.engine.constants import DCP_METADATA_NAME, MODEL_NAME, OPTIMIZER_NAM
 from runner.engine.manifest import CheckpointError
 
 
-def _save(state: dict, folder: Path) -> None:
+def save_dcp(state: dict, folder: Path) -> None:
+    """DCP's save of ``state`` as the folder ``folder`` (a collective when distributed)."""
     import torch.distributed.checkpoint as dcp
 
     with _quiet_single_process():
@@ -223,16 +224,16 @@ def owner_of(optimizer: torch.optim.Optimizer, models: Sequence[nn.Module]) -> n
     raise ValueError("An optimizer updates none of the prepared models' parameters; prepare its model too.")
 
 
-def save_sharded(staging: Path, models: Sequence[nn.Module], optimizers: Sequence[Any], names) -> None:
-    """Every rank writes its shards of each model and optimizer under ``staging``."""
+def save_sharded(folder: Any, models: Sequence[nn.Module], optimizers: Sequence[Any], names) -> None:
+    """Every rank writes its shards of each model and optimizer through ``folder`` (a ``CheckpointWriter``)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     for i, model in enumerate(models):
-        _save({"model": get_model_state_dict(model, options=_options(False))}, staging / names(MODEL_NAME, i, ""))
+        folder.save_sharded({"model": get_model_state_dict(model, options=_options(False))}, names(MODEL_NAME, i, ""))
     for i, optimizer in enumerate(optimizers):
         inner = optimizer.optimizer
         state = {"optimizer": get_optimizer_state_dict(owner_of(inner, models), inner, options=_options(False))}
-        _save(state, staging / names(OPTIMIZER_NAME, i, ""))
+        folder.save_sharded(state, names(OPTIMIZER_NAME, i, ""))
 
 
 def gather_full(models: Sequence[nn.Module], optimizers: Sequence[Any]) -> tuple[list[dict], list[dict]]:

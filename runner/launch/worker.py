@@ -72,6 +72,7 @@ def build_accelerator(cfg: DictConfig):
             automatic_checkpoint_naming=cfg.project.automatic_checkpoint_naming,
             total_limit=cfg.project.total_limit,
             iteration=cfg.project.iteration,
+            checksum=cfg.project.checksum,
         ),
         # Runner schedules count optimizer steps; recipes step them once per real optimizer step.
         step_scheduler_with_optimizer=False,
@@ -128,10 +129,11 @@ def run_worker(config: dict[str, Any], overrides: list[str], *, environment: Lau
 
 
 def _newest_checkpoint(project_dir: str) -> Path | None:
-    """The run's newest intact checkpoint (damaged newer ones are skipped with a warning)."""
+    """The run's newest complete checkpoint (damaged newer ones are skipped with a warning); its load verifies
+    its files, each rank a share of them."""
     from runner.engine.checkpoint import checkpoints_dir, newest_intact_checkpoint
 
-    newest, skipped = newest_intact_checkpoint(checkpoints_dir(project_dir))
+    newest, skipped = newest_intact_checkpoint(checkpoints_dir(project_dir), verify_checksums=False)
     for checkpoint, error in skipped:
         logger.warning("Skipping %s: %s", checkpoint.name, error)
     return newest

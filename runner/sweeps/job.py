@@ -57,7 +57,7 @@ class SweepJob:
         earlier = read_job(self.folder)
         if earlier is None or earlier.get("status") == FINISHED:
             return False
-        newest, _ = newest_intact_checkpoint(checkpoints_dir(project_dir))
+        newest, _ = newest_intact_checkpoint(checkpoints_dir(project_dir), verify_checksums=False)  # workers verify
         if newest is None:
             return False
         saved = parsed.without(saved_overrides(newest), "resume")

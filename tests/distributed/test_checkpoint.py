@@ -167,3 +167,41 @@ def test_a_full_disk_fails_the_save_on_both_processes_and_keeps_the_checkpoints_
         f"Saving checkpoint_{saved} failed (rank 0: No space left on device: {staging}); the checkpoints saved before "
         "it are intact, so free the space (or fix the folder) and resume from the newest of them."
     )
+
+
+def _hashed_once(project_dir):
+    from runner.engine import manifest as manifests
+
+    hashed = []
+    digest = manifests.slice_digest
+
+    def counting(path, offset, length, checksum):
+        hashed.append((Path(path).name, offset, length))
+        return digest(path, offset, length, checksum)
+
+    manifests.slice_digest = counting
+    accelerator, model, optimizer, train_loader, scheduler = checkpointed_run(project_dir)
+    train_steps(accelerator, model, optimizer, train_loader, scheduler, 2)
+    saved = Path(accelerator.save_state())
+    on_save, hashed[:] = list(hashed), []
+    fresh, *_ = checkpointed_run(project_dir)
+    fresh.load_state(saved)
+    return {"save": on_save, "load": list(hashed), "saved": str(saved)}
+
+
+def test_every_slice_is_hashed_once_in_all_on_save_and_on_load(launch, tmp_path):
+    from runner.engine.manifest import manifest_slices, read_manifest
+
+    rank0, rank1 = launch(_hashed_once, str(tmp_path))
+    manifest = read_manifest(Path(rank0["saved"]), verify_checksums=False)
+    every = sorted((Path(piece.name).name, piece.offset, piece.length) for piece in manifest_slices(manifest))
+    for verb in ("save", "load"):
+        # Each rank hashes a disjoint share, together every slice once: the shared files are not hashed twice.
+        assert sorted(map(tuple, rank0[verb] + rank1[verb])) == every
+    # On save each rank hashes what it wrote; on load each rank its own RNG state, and a share of the rest.
+    assert [name for name, *_ in rank1["save"]] == ["random_states_1.pt"]
+    assert ("random_states_1.pt", 0, (Path(rank0["saved"]) / "random_states_1.pt").stat().st_size) in map(
+        tuple, rank1["load"]
+    )
+    assert all(name != "random_states_1.pt" for name, *_ in rank0["load"])
+    assert rank0["load"] and rank1["load"]

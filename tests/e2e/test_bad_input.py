@@ -59,8 +59,8 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
           f"hydra.run.dir={tmp_path / 'other'}"], 1, f"{truncated / 't10k-images-idx3-ubyte.gz'} cannot be read"),
         ([f"resume={tmp_path / 'missing'}"], 2, str(tmp_path / "missing")),
         ([f"resume={not_a_checkpoint}"], 2, str(not_a_checkpoint)),
-        ([f"resume={corrupted}/checkpoints/checkpoint_1"], 2, "optimizer.bin does not match its sha256 in the "
-         "manifest (bytes 0-"),
+        ([f"resume={corrupted}/checkpoints/checkpoint_1"], 2, "optimizer.bin does not match its xxh3_128 digest "
+         "in the manifest (bytes 0-"),
         ([f"resume={run}", "model.hidden=64", "trainer.max_steps=8"], 1, "model.safetensors does not fit the "
          "prepared model"),
         ([*common, "project.project_dir=/proc/runner-test"], 2, "project.project_dir=/proc/runner-test cannot be "

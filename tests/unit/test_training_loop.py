@@ -23,7 +23,7 @@ def run_loop(tmp_path, *, batches: int, steps: int, accumulation: int = 1, **cad
     data = torch.utils.data.TensorDataset(torch.ones(2 * batches, 1), torch.zeros(2 * batches, 1))
     model, optimizer, loader = accelerator.prepare(model, optimizer, torch.utils.data.DataLoader(data, batch_size=2))
     trainer = {"log_every_n_steps": None, "eval_every_n_steps": None, "checkpoint_every_n_steps": None,
-               "progress_bar": False, **cadence}  # fmt: skip
+               "async_checkpoint": False, "progress_bar": False, **cadence}  # fmt: skip
     cfg = OmegaConf.create({"trainer": trainer, "resume": None})
     progress = TrainingProgress()
     accelerator.register_for_checkpointing(progress)
@@ -41,6 +41,7 @@ def run_loop(tmp_path, *, batches: int, steps: int, accumulation: int = 1, **cad
         loop.micro_step(loss, samples=len(inputs))
         if accelerator.sync_gradients:
             loop.optimizer_step(lr=0.0)
+    accelerator.wait_for_checkpoint()  # the recipes' end_training does
     manifests = sorted((tmp_path / "checkpoints").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime_ns)
     saved = [json.loads(p.read_text())["step"] for p in manifests]
     return evaluated, saved, loop
@@ -52,6 +53,7 @@ def run_loop(tmp_path, *, batches: int, steps: int, accumulation: int = 1, **cad
         ({}, [5, 10, 12], [5, 10, 12]),  # null cadences: at each epoch's end, and the last step
         ({"eval_every_n_steps": 4, "checkpoint_every_n_steps": 6}, [4, 8, 12], [6, 12]),
         ({"eval_every_n_steps": 5}, [5, 10, 12], [5, 10, 12]),
+        ({"checkpoint_every_n_steps": 6, "async_checkpoint": True}, [5, 10, 12], [6, 12]),  # saved in the background
     ],
 )
 def test_evaluations_and_checkpoints_fall_on_their_cadence_and_the_last_step(tmp_path, cadence, evaluated, saved):

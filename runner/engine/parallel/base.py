@@ -37,6 +37,10 @@ class CheckpointWriter(Protocol):
     def save_object(self, obj: Any, name: str) -> None:
         """Write ``obj`` (plain values and tensors) with ``torch.save`` as the file ``name``, atomically."""
 
+    def save_sharded(self, state: dict[str, Any], name: str) -> None:
+        """Write every rank's shards of ``state`` with torch.distributed.checkpoint as the folder ``name`` (a
+        collective)."""
+
 
 class CheckpointReader(Protocol):
     """A committed checkpoint being loaded: only data, and only the files its manifest lists, are read."""

@@ -176,7 +176,7 @@ class FSDPStrategy:
     ) -> None:
         """Every rank writes its shards (``"dcp"``), or sends them to rank 0, which writes whole states."""
         if self.checkpoint_format == "dcp":
-            sharded_state.save_sharded(folder.path, models, optimizers, indexed_name)
+            sharded_state.save_sharded(folder, models, optimizers, indexed_name)
             return
         whole_weights, optimizer_states = sharded_state.gather_full(models, optimizers)  # a collective
         if rank == 0:

@@ -27,8 +27,8 @@ def test_listing_reports_each_checkpoint_and_its_integrity(tmp_path, capsys):
     records = describe(tmp_path)
     assert [(r["name"], r["step"], r["status"]) for r in records] == [
         ("checkpoint_0", 5, "intact"),
-        ("checkpoint_1", 10, "damaged: model.safetensors does not match its sha256 in the manifest (bytes 0-256); the "
-         "file is corrupted, so load a different checkpoint."),
+        ("checkpoint_1", 10, "damaged: model.safetensors does not match its xxh3_128 digest in the manifest (bytes "
+         "0-256); the file is corrupted, so load a different checkpoint."),
         ("checkpoint_2", 15, "intact"),
         ("checkpoint_3", None, "incomplete: no manifest.json"),
     ]  # fmt: skip

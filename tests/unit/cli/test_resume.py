@@ -1,6 +1,7 @@
 """resume= paths: a checkpoint folder, a run folder (newest intact checkpoint), and every wrong path."""
 
 import logging
+import os
 
 import pytest
 import torch
@@ -41,6 +42,19 @@ def test_a_run_folder_resumes_its_newest_intact_checkpoint(run_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="runner"):
         assert find_checkpoint(str(run_dir))[1] == run_dir / "checkpoints" / "checkpoint_1"
     assert "Skipping checkpoint_2" in caplog.text and "model.safetensors has 6 bytes" in caplog.text
+
+
+@pytest.mark.parametrize("path", ["checkpoints/checkpoint_1", "."])
+def test_a_verified_resume_tells_the_workers_not_to_hash_it_again(run_dir, monkeypatch, path):
+    from runner.engine.constants import VERIFIED_CHECKPOINT_ENV
+    from runner.engine.manifest import read_manifest
+
+    monkeypatch.delenv(VERIFIED_CHECKPOINT_ENV, raising=False)
+    _, checkpoint = find_checkpoint(str(run_dir / path), verify_checksums=False)  # a sweep job's: workers verify
+    assert VERIFIED_CHECKPOINT_ENV not in os.environ
+    _, checkpoint = find_checkpoint(str(run_dir / path))
+    digest = read_manifest(checkpoint, verify_checksums=False)["digest"]
+    assert os.environ[VERIFIED_CHECKPOINT_ENV] == f"{digest}:{checkpoint.resolve()}"
 
 
 @pytest.mark.parametrize(

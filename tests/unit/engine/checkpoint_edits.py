@@ -7,7 +7,7 @@ import pickle
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from runner.engine.manifest import chunk_digests, manifest_digest
+from runner.engine.manifest import file_entries, manifest_digest
 
 
 class CreatesFile:
@@ -40,9 +40,8 @@ def rewrite_manifest(
         edit(manifest)
     for name in drop:
         del manifest["files"][name]
-    for name in relist:
-        [digests] = chunk_digests([checkpoint / name], manifest["chunk_bytes"])
-        manifest["files"][name] = {"bytes": (checkpoint / name).stat().st_size, "sha256_chunks": digests}
+    if relist:
+        manifest["files"].update(file_entries(checkpoint, list(relist), manifest["checksum"], manifest["chunk_bytes"]))
     if redigest:
         manifest["digest"] = manifest_digest(manifest)
     path.write_text(json.dumps(manifest, indent=2))

@@ -3,6 +3,7 @@ import json
 import os
 
 import pytest
+import xxhash
 
 from runner.engine import manifest as manifests
 from runner.engine.manifest import (
@@ -45,32 +46,70 @@ def damaged(folder, problem):
     return f"{folder / 'manifest.json'}: {problem}; the manifest is damaged, so load a different checkpoint."
 
 
-def test_files_are_hashed_by_slice_and_a_flip_is_located(tmp_path):
+@pytest.mark.parametrize(("checksum", "hasher"), [("xxh3_128", xxhash.xxh3_128), ("sha256", hashlib.sha256)])
+def test_files_are_hashed_by_slice_and_a_flip_is_located(tmp_path, checksum, hasher):
     checkpoint = tmp_path / "checkpoint_0"
     checkpoint.mkdir()
     big = checkpoint / "model.safetensors"
     big.write_bytes(bytes(range(256)) * ((CHUNK_BYTES + (8 << 20)) // 256))  # two slices: 32 MiB + 8 MiB
     (checkpoint / "random_states_0.pt").write_bytes(b"")
     write_manifest(
-        checkpoint, world_size=1, iteration=0, state_format="safetensors", contents=CONTENTS, metadata={"step": 3}
-    )
+        checkpoint, world_size=1, iteration=0, state_format="safetensors", contents=CONTENTS, metadata={"step": 3},
+        checksum=checksum,
+    )  # fmt: skip
     manifest = read_manifest(checkpoint)
-    assert manifest["format"] == MANIFEST_FORMAT == 4 and manifest["chunk_bytes"] == CHUNK_BYTES
+    assert manifest["format"] == MANIFEST_FORMAT == 5 and manifest["chunk_bytes"] == CHUNK_BYTES
+    assert manifest["checksum"] == checksum
     assert manifest["step"] == 3 and manifest["state_format"] == "safetensors" and manifest["contents"] == CONTENTS
-    assert [len(entry["sha256_chunks"]) for entry in manifest["files"].values()] == [2, 1]
-    assert manifest["files"]["random_states_0.pt"]["sha256_chunks"] == [hashlib.sha256(b"").hexdigest()]
+    data = bytearray(big.read_bytes())
+    slices = [hasher(data[:CHUNK_BYTES]).hexdigest(), hasher(data[CHUNK_BYTES:]).hexdigest()]
+    assert manifest["files"]["model.safetensors"]["digests"] == slices
+    assert manifest["files"]["random_states_0.pt"]["digests"] == [hasher(b"").hexdigest()]
     assert manifest["digest"] == manifest_digest(manifest)
 
-    data = bytearray(big.read_bytes())
     data[CHUNK_BYTES + 5] ^= 1
     big.write_bytes(bytes(data))
     with pytest.raises(CheckpointError) as error:
         read_manifest(checkpoint)
     assert str(error.value) == (
-        f"{big} does not match its sha256 in the manifest (bytes {CHUNK_BYTES}-{len(data)}); the file is corrupted, "
-        "so load a different checkpoint."
+        f"{big} does not match its {checksum} digest in the manifest (bytes {CHUNK_BYTES}-{len(data)}); the file is "
+        "corrupted, so load a different checkpoint."
     )
     assert read_manifest(checkpoint, verify_checksums=False)["step"] == 3  # sizes alone cannot see a flip
+
+
+def as_format_4(folder):
+    """Rewrite a sha256 manifest as the previous version wrote it: format 4, slices listed as sha256_chunks."""
+
+    def edit(manifest):
+        assert manifest.pop("checksum") == "sha256"
+        manifest["format"] = 4
+        for entry in manifest["files"].values():
+            entry["sha256_chunks"] = entry.pop("digests")
+
+    rewrite_manifest(folder, edit)
+
+
+def test_a_format_4_manifest_of_sha256_slices_still_verifies_and_locates_a_flip(tmp_path):
+    folder = tmp_path / "checkpoint_0"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    (folder / "random_states_0.pt").write_bytes(b"rng")
+    write_manifest(
+        folder, world_size=1, iteration=0, state_format="safetensors", contents=CONTENTS, metadata=POSITION,
+        checksum="sha256",
+    )  # fmt: skip
+    as_format_4(folder)
+    manifest = read_manifest(folder)
+    assert manifest["format"] == 4 and "checksum" not in manifest
+    assert manifest["files"]["model.safetensors"]["sha256_chunks"] == [hashlib.sha256(b"weights").hexdigest()]
+    (folder / "model.safetensors").write_bytes(b"weightz")
+    with pytest.raises(CheckpointError) as error:
+        read_manifest(folder)
+    assert str(error.value) == (
+        f"{folder / 'model.safetensors'} does not match its sha256 digest in the manifest (bytes 0-7); the file is "
+        "corrupted, so load a different checkpoint."
+    )
 
 
 def test_the_digest_covers_every_key_the_engine_and_the_caller_wrote(tmp_path):
@@ -130,13 +169,19 @@ def test_the_digest_covers_every_key_the_engine_and_the_caller_wrote(tmp_path):
         (lambda m: m.update(files=[]), "files is [], not an object"),
         (lambda m: m["files"]["model.safetensors"].update(bytes="7"),
          "files['model.safetensors'].bytes is '7', not a non-negative integer"),
-        (lambda m: m["files"]["model.safetensors"].update(sha256_chunks=["beef"]),
-         "files['model.safetensors'].sha256_chunks is ['beef'], not a list of sha256 hex digests"),
-        (lambda m: m["files"]["model.safetensors"].update(sha256_chunks=[]),
-         "files['model.safetensors'].sha256_chunks has 0 digests, not 1 for 7 bytes"),
+        (lambda m: m["files"]["model.safetensors"].update(digests=["beef"]),
+         "files['model.safetensors'].digests is ['beef'], not a list of xxh3_128 hex digests"),
+        (lambda m: m["files"]["model.safetensors"].update(digests=["0" * 64]),  # a sha256's length
+         f"files['model.safetensors'].digests is ['{'0' * 55}..., not a list of xxh3_128 hex digests"),
+        (lambda m: m["files"]["model.safetensors"].update(digests=[]),
+         "files['model.safetensors'].digests has 0 digests, not 1 for 7 bytes"),
+        (lambda m: m["files"]["model.safetensors"].update(sha256_chunks=["0" * 64]) or m["files"]["model.safetensors"]
+         .pop("digests"), "files['model.safetensors'].digests is None, not a list of xxh3_128 hex digests"),
+        (lambda m: m.update(checksum="md5"), "checksum is 'md5', not 'xxh3_128' or 'sha256'"),
+        (lambda m: m.pop("checksum"), "checksum is missing"),
         (lambda m: m.update(created=20240101), "created is 20240101, not a string"),
-        (lambda m: m.update(format="4"), "format is '4', not 4"),
-        (lambda m: m.update(format=5), "format is 5, not 4"),
+        (lambda m: m.update(format="4"), "format is '4', not 5"),
+        (lambda m: m.update(format=6), "format is 6, not 5"),
     ],
 )  # fmt: skip
 def test_every_field_is_checked_for_its_type_and_range(tmp_path, edit, problem):
@@ -207,11 +252,11 @@ def test_a_listing_that_drops_the_loaders_or_their_steps_is_damaged(tmp_path):
 def test_names_outside_the_folder_are_refused_before_anything_is_touched(tmp_path, monkeypatch, name):
     folder = small_checkpoint(tmp_path / "checkpoint_0")
     (tmp_path / "outside.txt").write_text("not the checkpoint's")
-    rewrite_manifest(folder, lambda m: m["files"].update({name: {"bytes": 3, "sha256_chunks": ["0" * 64]}}))
+    rewrite_manifest(folder, lambda m: m["files"].update({name: {"bytes": 3, "digests": ["0" * 32]}}))
     touched = []
     lstat = os.lstat
     monkeypatch.setattr(os, "lstat", lambda path, *args, **kwargs: touched.append(path) or lstat(path, *args, **kwargs))
-    monkeypatch.setattr(manifests, "sha256_of", lambda path, *args: touched.append(path))
+    monkeypatch.setattr(manifests, "slice_digest", lambda path, *args: touched.append(path))
     with pytest.raises(CheckpointError) as error:
         read_manifest(folder)
     assert str(error.value) == damaged(
@@ -229,13 +274,13 @@ def test_a_listed_symlink_or_a_name_through_one_is_refused_before_it_is_hashed(t
     (folder / "config.yaml").symlink_to(outside / "key.txt")
     original = (folder / "manifest.json").read_text()
     hashed = []
-    monkeypatch.setattr(manifests, "sha256_of", lambda path, *args: hashed.append(path))
+    monkeypatch.setattr(manifests, "slice_digest", lambda path, *args: hashed.append(path))
     for name, sentence in (
         ("linked/key.txt", f"{folder / 'linked/key.txt'} goes through the symbolic link {folder / 'linked'}"),
         ("config.yaml", f"{folder / 'config.yaml'} is a symbolic link"),
     ):
         (folder / "manifest.json").write_text(original)
-        entry = {name: {"bytes": 10, "sha256_chunks": ["0" * 64]}}
+        entry = {name: {"bytes": 10, "digests": ["0" * 32]}}
         rewrite_manifest(folder, lambda m, entry=entry: m["files"].update(entry))
         with pytest.raises(CheckpointError) as error:
             read_manifest(folder)
@@ -253,7 +298,7 @@ def test_a_manifest_of_an_earlier_format_is_refused(tmp_path):
         with pytest.raises(CheckpointError) as error:
             read_manifest(tmp_path)
         assert str(error.value) == (
-            f"{tmp_path / 'manifest.json'}: format is {old['format']}, not 4: it was written by an earlier version "
+            f"{tmp_path / 'manifest.json'}: format is {old['format']}, not 5: it was written by an earlier version "
             "and carries no digest of its own, so load a checkpoint saved by this version or start a new run."
         )
 

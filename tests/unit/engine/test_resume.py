@@ -65,9 +65,10 @@ def check_resume(tmp_path, accumulation, precision, stop_after, *, augment, num_
     assert manifest["accumulation_step"] == in_epoch  # micro-steps since the epoch began
     mid_cycle = in_epoch % accumulation != 0
     assert ("gradients_0.safetensors" in manifest["files"]) == mid_cycle
-    for entry in manifest["files"].values():  # one sha256 per 32 MiB slice of each file
-        assert len(entry["sha256_chunks"]) == max(1, -(-entry["bytes"] // (32 << 20)))
-        assert all(len(digest) == 64 for digest in entry["sha256_chunks"])
+    assert manifest["checksum"] == "xxh3_128"
+    for entry in manifest["files"].values():  # one xxh3_128 per 32 MiB slice of each file
+        assert len(entry["digests"]) == max(1, -(-entry["bytes"] // (32 << 20)))
+        assert all(len(digest) == 32 for digest in entry["digests"])
     if precision == "no" and accumulation == 1:
         assert manifest["step"] == stop_after and manifest["epoch"] == epoch
 

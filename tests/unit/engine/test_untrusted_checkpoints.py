@@ -154,7 +154,7 @@ def test_names_outside_the_folder_are_refused_without_reading_them(tmp_path):
     secret.write_text("twelve bytes")
     manifest = json.loads((folder / "manifest.json").read_text())
     for name in ("../outside.txt", str(secret)):
-        entry = {"bytes": 0, "sha256_chunks": ["0" * 64]}
+        entry = {"bytes": 0, "digests": ["0" * 32]}
         rewrite_manifest(folder, lambda m, name=name, entry=entry: m["files"].update({name: entry}))
         with pytest.raises(CheckpointError) as error:
             prepared().load_state(folder)

@@ -1,0 +1,228 @@
+"""``save_state(async_save=True)``: the state copied to host memory on the loop, everything else in the background.
+
+The save runs as a synchronous one does up to the writes: the target is chosen, the staging folder
+made and the save hooks run, on every rank. Then, instead of writing, each rank hands what it would
+write to a :class:`Snapshot`, which copies every tensor to host memory (pinned where CUDA is used,
+so the copies from the GPU overlap) and every other value as a deep copy; the state is then free to
+change, and ``save_state`` returns. Under sharded FSDP the shards go to
+``torch.distributed.checkpoint.async_save`` instead, which stages them the same way.
+
+A background thread on each rank then writes its files from the snapshot, hashes them, and meets
+the others on a process group of its own (gloo, so the loop's collectives on the default group
+never interleave with its): rank 0 writes the manifest, syncs the folder to disk and renames it
+into place (then rotates ``total_limit``), and tells every rank the outcome. Until then the
+checkpoint does not exist: a crash or a full disk leaves the previous checkpoints as they were, and
+the failure is raised on every rank by the next ``save_state``, ``load_state``,
+``wait_for_checkpoint`` or ``end_training``.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runner.engine import manifest as manifests
+from runner.engine.checkpoint_files import StagingFolder, own_shards
+from runner.engine.checkpoint_folders import commit as commit_folder
+from runner.engine.checkpoint_folders import failure_reason
+from runner.engine.manifest import CheckpointError
+from runner.files import sync_tree
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+class HostCopier:
+    """Copies of tensors in host memory (pinned when they come from CUDA), one per distinct tensor view, so
+    tied weights stay tied; other values are deep-copied. :meth:`finish` waits for the copies from the GPU."""
+
+    def __init__(self) -> None:
+        # Each copy beside its source: while the source lives, no tensor made later can take its address
+        # (and so its key); a state_dict() that makes its tensors anew frees them once they are copied.
+        self._copies: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._from_gpu = False
+
+    def copy(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self._tensor(value)
+        if type(value) in (dict, OrderedDict):
+            return type(value)((key, self.copy(item)) for key, item in value.items())
+        if type(value) in (list, tuple):
+            return type(value)(self.copy(item) for item in value)
+        if value is None or isinstance(value, bool | int | float | str | bytes | torch.dtype | torch.device):
+            return value
+        return copy.deepcopy(value)
+
+    def _tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.detach()
+        if tensor.device.type == "meta" or tensor.numel() == 0:
+            return tensor.to("cpu") if tensor.device.type != "meta" else tensor
+        key = (
+            tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()),
+            tensor.dtype, tensor.device,
+        )  # fmt: skip
+        if key not in self._copies:
+            if tensor.device.type == "cuda":
+                host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+                host.copy_(tensor, non_blocking=True)
+                self._from_gpu = True
+            else:
+                host = tensor.to("cpu", copy=True, memory_format=torch.contiguous_format)
+            self._copies[key] = (tensor, host)
+        return self._copies[key][1]
+
+    def finish(self) -> None:
+        if self._from_gpu:
+            torch.cuda.synchronize()
+        self._copies.clear()
+
+
+@dataclass
+class Snapshot:
+    """A ``CheckpointWriter`` that keeps in host memory what the engine and the strategies would write into
+    :attr:`path`, for :meth:`write` to write later; sharded state goes to DCP's ``async_save`` at once."""
+
+    path: Path
+    groups: Callable[[int], Any]  # the process group for the i-th DCP save (each has its own upload thread)
+    copier: HostCopier = field(default_factory=HostCopier)
+    pending: list[tuple[str, str, Any]] = field(default_factory=list)
+    sharded: list[tuple[str, Future]] = field(default_factory=list)
+
+    def save_tensors(self, tensors: Mapping[str, torch.Tensor], name: str) -> None:
+        self.pending.append(("tensors", name, self.copier.copy(dict(tensors))))
+
+    def save_object(self, obj: Any, name: str) -> None:
+        self.pending.append(("object", name, self.copier.copy(obj)))
+
+    def save_sharded(self, state: dict[str, Any], name: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        # DCP's stager copies the shards to host memory (pinned under CUDA) before async_save returns.
+        stager = DefaultStager(StagingOptions(torch.cuda.is_available(), False, False, False))
+        group = self.groups(len(self.sharded)) if _distributed() else None
+        future = dcp.async_save(
+            state, checkpoint_id=self.path / name, process_group=group, async_stager=stager, no_dist=group is None
+        )
+        self.sharded.append((name, future))
+
+    def finish_copies(self) -> None:
+        self.copier.finish()
+
+    def write(self, staging: StagingFolder) -> None:
+        """Write every file of the snapshot into ``staging`` (this rank's share), and wait for the shards."""
+        wait([future for _, future in self.sharded])  # all of them, even if one failed: none still writes after
+        for name, future in self.sharded:
+            future.result()
+            staging.written.extend(own_shards(staging.path / name, staging.path))
+        for kind, name, value in self.pending:
+            if kind == "tensors":
+                staging.save_tensors(value, name)
+            else:
+                staging.save_object(value, name)
+        self.pending.clear()
+
+
+def write_in_background(
+    snapshot: Snapshot,
+    staging: StagingFolder,
+    target: Path,
+    *,
+    rank: int,
+    group: Any,
+    record: dict[str, Any],
+    after_commit: Callable[[], None] | None,
+) -> str | None:
+    """On each rank's background thread: write and hash this rank's files, then commit with the others.
+
+    Returns:
+        The first failure of any rank (the same sentence on every rank), or None once committed.
+    """
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    failure, entries = None, {}
+    try:
+        snapshot.write(staging)
+        entries = staging.entries(record["checksum"])
+    except (OSError, CheckpointException) as error:  # a full disk, a lost mount, a failed DCP write
+        failure = f"rank {rank}: {failure_reason(error)}"
+    except Exception as error:  # every rank must still meet the others below
+        failure = f"rank {rank}: {type(error).__name__}: {error}"
+    failure, entries = _gathered(failure, entries, group)
+    if failure is None and rank == 0:
+        try:
+            manifests.write_manifest(staging.path, **{**record, "entries": entries})
+            sync_tree(staging.path)
+            commit_folder(staging.path, target)
+            if after_commit is not None:
+                after_commit()
+        except (OSError, CheckpointError) as error:
+            failure = f"rank 0: {failure_reason(error)}"
+    failure = _broadcast(failure, group)
+    if failure is None:
+        return None
+    if rank == 0:
+        shutil.rmtree(staging.path, ignore_errors=True)  # free what the partial save took
+    return (
+        f"Saving {target.name} in the background failed ({failure}); the checkpoints saved before it are intact, so "
+        "free the space (or fix the folder) and resume from the newest of them."
+    )
+
+
+def _gathered(failure: str | None, entries: dict, group: Any) -> tuple[str | None, dict]:
+    if group is None:
+        return failure, entries
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, (failure, entries), group=group)
+    first = next((failed for failed, _ in gathered if failed), None)
+    return first, {name: entry for _, listed in gathered for name, entry in listed.items()}
+
+
+def _broadcast(failure: str | None, group: Any) -> str | None:
+    if group is None:
+        return failure
+    import torch.distributed as dist
+
+    shared = [failure]
+    dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0), group=group)
+    return shared[0]
+
+
+class BackgroundSaves:
+    """One rank's background saves: its thread, and the gloo process groups they meet on (made on first use,
+    on every rank alike, since every rank saves)."""
+
+    def __init__(self) -> None:
+        self._thread: ThreadPoolExecutor | None = None
+        self._groups: list[Any] = []
+
+    def group(self, index: int) -> Any:
+        """The ``index``-th process group of the background saves (0: the commit's; 1, 2, ...: DCP's)."""
+        if not _distributed():
+            return None
+        import torch.distributed as dist
+
+        while len(self._groups) <= index:
+            self._groups.append(dist.new_group(backend="gloo"))
+        return self._groups[index]
+
+    def submit(self, job: Callable[[], str | None]) -> Future:
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-save")
+        return self._thread.submit(job)
+
+
+__all__ = ["BackgroundSaves", "HostCopier", "Snapshot", "write_in_background"]
