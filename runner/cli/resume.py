@@ -57,14 +57,14 @@ def from_command_line(path: str, overrides: list[str], *, search_path: list[str]
 
 def from_config(path: str, overrides: list[str], *, search_path: list[str]) -> Resume:
     """The resume of a config the command line did not decide: a sweep job's earlier attempt, in its own
-    folder, or a config composed without the command line. Each worker verifies the checkpoint's files.
+    folder, or a config composed without the command line. Its files are verified here, once.
 
     Raises:
         ConfigError: No such checkpoint, or a folder you did not write that the overrides do not trust.
     """
     from runner.provenance import check_resumable
 
-    run_dir, checkpoint = find_checkpoint(path, verify_checksums=False)
+    run_dir, checkpoint = find_checkpoint(path)  # verified here (past damaged ones), so not again by the workers
     check_resumable(checkpoint, path=path, overrides=overrides, search_path=search_path)
     return Resume(path, run_dir, checkpoint, tuple(replayed_overrides(checkpoint)))
 

@@ -730,8 +730,10 @@ class Accelerator:
         """Block until a checkpoint saved with ``async_save`` or ``async_commit`` is committed; raise its error if
         it failed.
 
-        Every process must call this (``save_state``, ``load_state`` and ``end_training`` do): rank 0
-        waits for its commit, then tells every rank how it went, so all of them raise alike.
+        Every process must call this (``save_state``, ``load_state`` and ``end_training`` do). After
+        ``async_save`` each process waits for its own background save, and all of them end with the
+        same outcome; after ``async_commit`` rank 0 waits for its commit, then tells every rank how it
+        went. Either way all of them raise alike.
         """
         self._checkpointer.wait()
 

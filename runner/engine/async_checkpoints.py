@@ -51,7 +51,7 @@ class HostCopier:
         # Each copy beside its source: while the source lives, no tensor made later can take its address
         # (and so its key); a state_dict() that makes its tensors anew frees them once they are copied.
         self._copies: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._from_gpu = False
+        self._gpus: set[torch.device] = set()
 
     def copy(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -76,15 +76,16 @@ class HostCopier:
             if tensor.device.type == "cuda":
                 host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
                 host.copy_(tensor, non_blocking=True)
-                self._from_gpu = True
+                self._gpus.add(tensor.device)
             else:
                 host = tensor.to("cpu", copy=True, memory_format=torch.contiguous_format)
             self._copies[key] = (tensor, host)
         return self._copies[key][1]
 
     def finish(self) -> None:
-        if self._from_gpu:
-            torch.cuda.synchronize()
+        for device in self._gpus:
+            torch.cuda.synchronize(device)
+        self._gpus.clear()
         self._copies.clear()
 
 
@@ -110,15 +111,14 @@ class Snapshot:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         # DCP's stager copies the shards to host memory (pinned under CUDA) before async_save returns.
-        stager = DefaultStager(StagingOptions(torch.cuda.is_available(), False, False, False))
+        on_gpu = any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in _leaves(state))
+        stager = DefaultStager(StagingOptions(on_gpu, False, False, False))
         group = self.groups(len(self.sharded)) if _distributed() else None
         future = dcp.async_save(
             state, checkpoint_id=self.path / name, process_group=group, async_stager=stager, no_dist=group is None
         )
+        future.add_done_callback(lambda _: stager.close())
         self.sharded.append((name, future))
-
-    def finish_copies(self) -> None:
-        self.copier.finish()
 
     def write(self, staging: StagingFolder) -> None:
         """Write every file of the snapshot into ``staging`` (this rank's share), and wait for the shards."""
@@ -132,6 +132,17 @@ class Snapshot:
             else:
                 staging.save_object(value, name)
         self.pending.clear()
+
+
+def _leaves(value: Any):
+    if isinstance(value, Mapping):
+        for item in value.values():
+            yield from _leaves(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _leaves(item)
+    else:
+        yield value
 
 
 def write_in_background(
@@ -169,6 +180,8 @@ def write_in_background(
                 after_commit()
         except (OSError, CheckpointError) as error:
             failure = f"rank 0: {failure_reason(error)}"
+        except Exception as error:  # every rank still learns it below
+            failure = f"rank 0: {type(error).__name__}: {error}"
     failure = _broadcast(failure, group)
     if failure is None:
         return None
@@ -218,6 +231,14 @@ class BackgroundSaves:
         while len(self._groups) <= index:
             self._groups.append(dist.new_group(backend="gloo"))
         return self._groups[index]
+
+    def groups(self, prepared: Any) -> Callable[[int], Any]:
+        """Make, now and on every rank alike, the groups a save of ``prepared`` uses (the commit's, and one per
+        DCP folder under sharded FSDP); returns the i-th DCP folder's group by ``i``."""
+        folders = len(prepared.models) + len(prepared.optimizers) if prepared.strategy.checkpoint_format == "dcp" else 0
+        for index in range(folders + 1):
+            self.group(index)
+        return lambda index: self._groups[index + 1] if _distributed() else None
 
     def submit(self, job: Callable[[], str | None]) -> Future:
         if self._thread is None:

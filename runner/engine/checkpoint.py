@@ -15,6 +15,7 @@ public names are importable from here too.
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections import OrderedDict
@@ -143,10 +144,11 @@ def save_training_state(
     prepared.strategy.check_save(mid_cycle=mid_cycle)
     metadata = metadata or {}
     manifests.check_metadata(metadata)
+    metadata = json.loads(json.dumps(metadata))  # a copy: the caller may change theirs once this returns
     rank = prepared.env.rank
     staging, writer = StagingFolder(staging_dir(target)), None
     if background is not None:
-        writer = Snapshot(staging.path, groups=lambda index: background.group(index + 1))
+        writer = Snapshot(staging.path, groups=background.groups(prepared))
     entries = _write_staging(
         staging, target, prepared, writer=writer, models=models, weights=weights, mid_cycle=mid_cycle,
         before_write=before_write, checksum=checksum,
@@ -209,18 +211,24 @@ def _write_staging(
     barrier(prepared.env)  # the staging folder exists before anyone writes into it
     from torch.distributed.checkpoint.api import CheckpointException
 
+    entries, failure, bug = {}, None, None
     try:
         if before_write is not None:
             before_write(staging.path)
         write_files(writer or staging, prepared, models=models, weights=weights, mid_cycle=mid_cycle)
         if writer is not None:
-            writer.finish_copies()
-        entries, failure = ({} if writer is not None else staging.entries(checksum)), None
+            writer.copier.finish()
+        else:
+            entries = staging.entries(checksum)
     except (OSError, CheckpointException) as error:  # a full disk, a lost mount, a failed DCP write
-        entries, failure = {}, f"rank {rank}: {failure_reason(error)}"
+        failure = f"rank {rank}: {failure_reason(error)}"
+    except Exception as error:  # a hook's, or a state the snapshot cannot copy: this rank raises it below
+        failure, bug = f"rank {rank}: {type(error).__name__}: {error}", error
     # Every rank learns of any rank's failure (so none waits forever), and all files are on disk
     # before the manifest lists them.
     failure, entries = share_outcome(failure, entries)
+    if bug is not None:
+        raise_if_failed(failure, staging.path, target, rank, cause=bug)
     raise_if_failed(failure, staging.path, target, rank)
     return entries
 
@@ -295,6 +303,10 @@ class Checkpointer:
         async_save: bool = False,
     ) -> Path:
         """Save ``prepared`` (see ``Accelerator.save_state``); every rank calls it. Returns the checkpoint folder."""
+        if async_save and async_commit:
+            raise ValueError(
+                "save_state(async_save=True) already commits in the background; pass async_commit=False with it."
+            )
         self.wait()
         if project.save_on_each_node:
             background = "async_save" if async_save else "async_commit" if async_commit else None

@@ -135,11 +135,17 @@ def first_failure(failure: str | None) -> str | None:
     return next(filter(None, gather_object([failure])), None)
 
 
-def raise_if_failed(failure: str | None, staging: Path, target: Path, rank: int) -> None:
+def raise_if_failed(
+    failure: str | None, staging: Path, target: Path, rank: int, *, cause: Exception | None = None
+) -> None:
+    """Raise the one sentence for a failed save on every rank (rank 0 removes the staging folder); a rank whose own
+    failure is not the disk's (``cause``: a hook's, or our bug) raises that exception instead, with its traceback."""
     if failure is None:
         return
     if rank == 0:
         shutil.rmtree(staging, ignore_errors=True)  # free what the partial save took
+    if cause is not None:
+        raise cause
     raise CheckpointError(
         f"Saving {target.name} failed ({failure}); the checkpoints saved before it are intact, so free the space "
         "(or fix the folder) and resume from the newest of them."

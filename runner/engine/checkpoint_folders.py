@@ -217,7 +217,7 @@ def rotate_checkpoints(directory: Path, *, total_limit: int, protect: Path | Non
     ones are left as they are (with a warning), for a person to look at. Rotation runs after every
     commit, so "intact" is the cheap check, ``read_manifest(verify_checksums=False)``: the manifest's
     fields and digest, its files against what it records, no symbolic links, and every size; not
-    the sha256 of every file of every kept checkpoint on each save. Symbolic links named
+    the digests of every file of every kept checkpoint on each save. Symbolic links named
     ``checkpoint_N`` are neither counted nor followed (see :func:`committed_checkpoints`), and a
     folder that cannot be deleted is warned about: the new checkpoint is committed either way.
 

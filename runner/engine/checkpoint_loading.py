@@ -136,13 +136,40 @@ def verify_together(
     ranks = list(range(env.world_size)) if node_ranks is None else list(node_ranks)
     owners = {rng_state_name(rank): i for i, rank in enumerate(ranks)}
     owners |= {gradients_name(rank): i for i, rank in enumerate(ranks)}
-    failure = None
+    failure, bug = None, None
     if not take_verified(checkpoint, manifest):
         mine = share_of(manifest_slices(manifest), rank=ranks.index(env.rank), ranks=len(ranks), owners=owners)
-        failure = first_mismatch(checkpoint, manifest, mine)
-    failure = first_failure(failure) if env.world_size > 1 else failure
+        try:
+            failure = first_mismatch(checkpoint, manifest, mine)
+        except Exception as error:  # every rank must still meet the others below; this one raises its own after
+            failure, bug = f"rank {env.rank}: {type(error).__name__}: {error}", error
+    failure = first_failure(failure)
+    if bug is not None:
+        raise bug
     if failure is not None:
         raise CheckpointError(failure)
+
+
+def newest_verified_checkpoint(
+    directory: Path, env: DistributedEnvironment
+) -> tuple[Path | None, list[tuple[Path, CheckpointError]]]:
+    """The newest committed checkpoint in ``directory`` whose files match its manifest, verified by every rank
+    together (each slice once, see :func:`verify_together`; a collective), and the newer damaged ones skipped.
+    The one found is marked verified, so loading it next does not hash it again."""
+    from runner.engine.checkpoint_folders import committed_checkpoints
+    from runner.engine.manifest import mark_verified
+
+    skipped = []
+    for checkpoint in reversed(committed_checkpoints(directory)):
+        try:
+            manifest = read_manifest(checkpoint, verify_checksums=False)
+            verify_together(checkpoint, manifest, env)
+        except CheckpointError as error:  # alike on every rank: they all skip it
+            skipped.append((checkpoint, error))
+            continue
+        mark_verified(checkpoint, manifest)
+        return checkpoint, skipped
+    return None, skipped
 
 
 def check_own_files(checkpoint: Path, manifest: dict[str, Any], env: DistributedEnvironment) -> None:

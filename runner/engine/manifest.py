@@ -98,7 +98,10 @@ _COUNT, _POSITIVE, _COUNT_OR_NULL = "a non-negative integer", "a positive intege
 # What the engine writes itself; save_state(metadata=...) cannot set these keys.
 _OWN_FIELDS = {
     "format": (_positive, _POSITIVE),
-    "chunk_bytes": (_positive, _POSITIVE),
+    "chunk_bytes": (
+        lambda value: _positive(value) and value % mmap.ALLOCATIONGRANULARITY == 0,  # slices are mapped at it
+        f"a positive multiple of {mmap.ALLOCATIONGRANULARITY}",
+    ),
     "world_size": (_positive, _POSITIVE),
     "iteration": (_count_or_null, _COUNT_OR_NULL),
     "created": (lambda value: isinstance(value, str), "a string"),
@@ -209,9 +212,13 @@ def checksum_of(manifest: dict[str, Any]) -> str:
     return "sha256" if manifest["format"] == SHA256_FORMAT else manifest["checksum"]
 
 
+def _digests_key(manifest: dict[str, Any]) -> str:
+    return "sha256_chunks" if manifest["format"] == SHA256_FORMAT else "digests"
+
+
 def listed_digests(manifest: dict[str, Any], name: str) -> list[str]:
     """The digests a checked manifest lists for the slices of file ``name``."""
-    return manifest["files"][name]["sha256_chunks" if manifest["format"] == SHA256_FORMAT else "digests"]
+    return manifest["files"][name][_digests_key(manifest)]
 
 
 def manifest_slices(manifest: dict[str, Any], names: Collection[str] | None = None) -> list[Slice]:
@@ -245,7 +252,11 @@ def share_of(slices: Sequence[Slice], *, rank: int, ranks: int, owners: dict[str
 def first_mismatch(checkpoint: Path, manifest: dict[str, Any], slices: Sequence[Slice]) -> str | None:
     """The sentence for the first of ``slices`` whose digest differs from the manifest's, or None."""
     checksum = checksum_of(manifest)
-    for piece, digest in zip(slices, hash_slices(checkpoint, slices, checksum), strict=True):
+    try:
+        found = hash_slices(checkpoint, slices, checksum)
+    except OSError as error:  # a file that vanished, or a disk that fails to read
+        return f"{checkpoint} could not be read ({error}); load a different checkpoint, or fix the disk."
+    for piece, digest in zip(slices, found, strict=True):
         if digest != listed_digests(manifest, piece.name)[piece.index]:
             where = f"bytes {piece.offset}-{piece.offset + piece.length}"
             return (
@@ -263,7 +274,7 @@ def mark_verified(checkpoint: Path, manifest: dict[str, Any]) -> None:
 
 def take_verified(checkpoint: Path, manifest: dict[str, Any]) -> bool:
     """Whether the launching process verified this very save of ``checkpoint`` (see :func:`mark_verified`);
-    the mark is used once."""
+    the mark is used once in this process (a restarted worker drops it, see ``runner.launch.worker``)."""
     mark = f"{manifest['digest']}:{Path(checkpoint).resolve()}"
     if os.environ.get(VERIFIED_CHECKPOINT_ENV) != mark:
         return False
@@ -459,7 +470,7 @@ def _loaders_problem(record: dict) -> str | None:
 def _files_problem(manifest: dict) -> str | None:
     """A listed name that leaves the folder, or an entry without a size and one digest per slice."""
     files, chunk_bytes, checksum = manifest["files"], manifest["chunk_bytes"], checksum_of(manifest)
-    key = "sha256_chunks" if manifest["format"] == SHA256_FORMAT else "digests"
+    key = _digests_key(manifest)
     hex_digits = CHECKSUMS[checksum][1]
     for name, entry in files.items():
         if not _is_inside(name):

@@ -392,8 +392,9 @@ def load_training_state(
     """Restore ``prepared`` from this node's copy (see :func:`runner.engine.checkpoint_loading.load_training_state`).
 
     Args:
-        before_load: Runs first, on every rank (load_state's pre-hooks): inside the same gather, so a
-            hook that raises on one rank makes every rank raise rather than wait.
+        before_load: Runs on every rank (load_state's pre-hooks) once the copy is verified, before anything
+            is read: inside the same gather, so a hook that raises on one rank makes every rank raise rather
+            than wait.
 
     Returns:
         The copy's manifest.

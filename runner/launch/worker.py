@@ -115,25 +115,30 @@ def run_worker(config: dict[str, Any], overrides: list[str], *, environment: Lau
         import torch
 
         torch.set_num_threads(environment.threads)
+    if environment.restart_count:  # what the launcher verified was an earlier save's start
+        from runner.engine.constants import VERIFIED_CHECKPOINT_ENV
+
+        os.environ.pop(VERIFIED_CHECKPOINT_ENV, None)
+    accelerator = build_accelerator(cfg)
+    stamp("process group")
     if environment.restart_count:  # the elastic agent restarted the workers: continue from the newest checkpoint
-        newest = _newest_checkpoint(cfg.project.project_dir)
+        newest = _newest_checkpoint(cfg.project.project_dir, accelerator)
         if newest is not None:
             logger.warning("Restart %d: resuming from %s", environment.restart_count, newest)
             cfg.resume = str(newest)
-    accelerator = build_accelerator(cfg)
-    stamp("process group")
     record_config_in_checkpoints(accelerator, config, overrides)
     recipe = importlib.import_module(recipe_module(cfg.recipe))
     logger.info("Running recipe %s on %s", cfg.recipe, accelerator)
     return recipe.train(cfg, accelerator)
 
 
-def _newest_checkpoint(project_dir: str) -> Path | None:
-    """The run's newest complete checkpoint (damaged newer ones are skipped with a warning); its load verifies
-    its files, each rank a share of them."""
-    from runner.engine.checkpoint import checkpoints_dir, newest_intact_checkpoint
+def _newest_checkpoint(project_dir: str, accelerator) -> Path | None:
+    """The run's newest intact checkpoint (damaged newer ones are skipped with a warning), verified by the
+    ranks together, each a share of its files (a collective); its load does not hash them again."""
+    from runner.engine.checkpoint import checkpoints_dir
+    from runner.engine.checkpoint_loading import newest_verified_checkpoint
 
-    newest, skipped = newest_intact_checkpoint(checkpoints_dir(project_dir), verify_checksums=False)
+    newest, skipped = newest_verified_checkpoint(checkpoints_dir(project_dir), accelerator.state)
     for checkpoint, error in skipped:
         logger.warning("Skipping %s: %s", checkpoint.name, error)
     return newest

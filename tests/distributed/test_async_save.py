@@ -205,3 +205,49 @@ def test_a_background_write_failing_on_one_rank_fails_on_both_and_commits_nothin
         manifest = read_manifest(tmp_path / name, verify_checksums=True)
         assert {"random_states_0.pt", "random_states_1.pt"} <= set(manifest["files"])
     assert torch.equal(load_file(tmp_path / "after" / "model.safetensors")["weight"], torch.full((4, 4), 3.0))
+
+
+def _failures_off_the_happy_path(project_dir):
+    """A disk error while one rank hashes its share of a load, and a state the snapshot cannot copy on rank 0 only:
+    every rank raises (the failed one its own error), none waits forever."""
+    from runner.engine import manifest as manifests
+
+    accelerator, model, optimizer, train_loader, scheduler = checkpointed_run(project_dir)
+    train_steps(accelerator, model, optimizer, train_loader, scheduler, 2)
+    saved = accelerator.save_state()
+    rank, outcomes = accelerator.process_index, {}
+    digest = manifests.slice_digest
+
+    def failing(path, offset, length, checksum):
+        if rank == 1:
+            raise ValueError("a bug while hashing")
+        return digest(path, offset, length, checksum)
+
+    manifests.slice_digest = failing
+    try:
+        accelerator.load_state(saved)
+    except Exception as error:
+        outcomes["load"] = (type(error).__name__, str(error))
+    manifests.slice_digest = digest
+
+    class Sparse:
+        def state_dict(self):
+            return {"values": torch.eye(2).to_sparse()}
+
+        def load_state_dict(self, state):
+            pass
+
+    accelerator.register_for_checkpointing(Sparse())  # only rank 0 copies the registered objects
+    try:
+        accelerator.save_state(async_save=True)
+    except Exception as error:
+        outcomes["snapshot"] = type(error).__name__
+    return outcomes
+
+
+def test_a_rank_failing_off_the_happy_path_fails_every_rank_without_a_hang(launch, tmp_path):
+    rank0, rank1 = launch(_failures_off_the_happy_path, str(tmp_path))
+    assert rank1["load"] == ("ValueError", "a bug while hashing")  # its own exception, with its traceback
+    assert rank0["load"] == ("CheckpointError", "rank 1: ValueError: a bug while hashing")
+    assert rank0["snapshot"] == "NotImplementedError" and rank1["snapshot"] == "CheckpointError"
+    assert not list((tmp_path / "checkpoints").glob("*.incomplete"))

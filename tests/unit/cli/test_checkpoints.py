@@ -56,8 +56,8 @@ def test_a_damaged_manifest_or_a_linked_folder_is_listed_not_a_traceback(tmp_pat
 
     records = describe(tmp_path)
     assert [(r["name"], r["step"], r["status"]) for r in records] == [
-        ("checkpoint_0", 5, "damaged: manifest.json: chunk_bytes is 0, not a positive integer; the manifest is "
-         "damaged, so load a different checkpoint."),
+        ("checkpoint_0", 5, "damaged: manifest.json: chunk_bytes is 0, not a positive multiple of 4096; the manifest "
+         "is damaged, so load a different checkpoint."),
         ("checkpoint_1", None, "damaged: manifest.json: it is not valid JSON (Expecting property name enclosed in "
          "double quotes: line 1 column 2 (char 1)); the manifest is damaged, so load a different checkpoint."),
         ("checkpoint_2", 15, "intact"),

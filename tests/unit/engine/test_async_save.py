@@ -2,6 +2,7 @@
 
 import errno
 import hashlib
+import json
 import os
 import select
 import signal
@@ -376,3 +377,18 @@ def test_sigkill_during_the_background_write_leaves_the_previous_checkpoint_to_r
     assert restored.keys() == saved.keys()
     assert all(torch.equal(restored[key], value) for key, value in saved.items())
     assert accelerator.save_iteration == 1 and optimizer.steps == 3
+
+
+def test_the_metadata_is_copied_when_save_state_returns_and_both_flags_are_refused(tmp_path):
+    accelerator = Accelerator(project_config=ProjectConfiguration(str(tmp_path)))
+    accelerator.prepare(torch.nn.Linear(2, 2))
+    losses = [1, 2]
+    folder = accelerator.save_state(tmp_path / "ck", metadata={"losses": losses}, async_save=True)
+    losses.append(999)  # the caller's list, changed while the manifest is still to be written
+    accelerator.wait_for_checkpoint()
+    assert json.loads((Path(folder) / "manifest.json").read_text())["losses"] == [1, 2]
+    with pytest.raises(ValueError) as error:
+        accelerator.save_state(tmp_path / "other", async_save=True, async_commit=True)
+    assert str(error.value) == (
+        "save_state(async_save=True) already commits in the background; pass async_commit=False with it."
+    )

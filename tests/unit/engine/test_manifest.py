@@ -1,5 +1,6 @@
 import hashlib
 import json
+import mmap
 import os
 
 import pytest
@@ -139,7 +140,10 @@ def test_the_digest_covers_every_key_the_engine_and_the_caller_wrote(tmp_path):
         (lambda m: m.update(step="ten"), "step is 'ten', not a non-negative integer or null"),
         (lambda m: m.update(step=-1), "step is -1, not a non-negative integer or null"),
         (lambda m: m.update(step=True), "step is True, not a non-negative integer or null"),
-        (lambda m: m.update(chunk_bytes=0), "chunk_bytes is 0, not a positive integer"),
+        (lambda m: m.update(chunk_bytes=0),
+         f"chunk_bytes is 0, not a positive multiple of {mmap.ALLOCATIONGRANULARITY}"),
+        (lambda m: m.update(chunk_bytes=1000),  # slices are memory-mapped: their offsets must be mappable
+         f"chunk_bytes is 1000, not a positive multiple of {mmap.ALLOCATIONGRANULARITY}"),
         (lambda m: m.update(world_size=0), "world_size is 0, not a positive integer"),
         (lambda m: m.update(world_size=1.5), "world_size is 1.5, not a positive integer"),
         (lambda m: m.update(iteration=-2), "iteration is -2, not a non-negative integer or null"),

@@ -193,11 +193,12 @@ def test_an_edited_manifest_is_refused_and_resume_falls_back_past_it(tmp_path):
         ("checkpoint_3", manifest_damaged(checkpoints / "checkpoint_3",
                                           "files does not list optimizer.bin, which its contents and state_format "
                                           "call for")),
-        ("checkpoint_2", manifest_damaged(checkpoints / "checkpoint_2", "chunk_bytes is 0, not a positive integer")),
+        ("checkpoint_2",
+         manifest_damaged(checkpoints / "checkpoint_2", "chunk_bytes is 0, not a positive multiple of 4096")),
     ]  # fmt: skip
     statuses = [record["status"] for record in describe(tmp_path)]
     assert statuses[2] == (
-        "damaged: manifest.json: chunk_bytes is 0, not a positive integer; the manifest is damaged, so load a "
+        "damaged: manifest.json: chunk_bytes is 0, not a positive multiple of 4096; the manifest is damaged, so load a "
         "different checkpoint."
     )
     assert statuses[:2] == ["intact", "intact"] and all(status.startswith("damaged") for status in statuses[2:])

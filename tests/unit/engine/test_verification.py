@@ -202,7 +202,43 @@ def test_the_mark_covers_only_the_save_it_was_made_for(tmp_path, monkeypatch):
     accelerator, _ = prepared()
     folder = save(accelerator, tmp_path / "ck")
     mark_verified(folder, read_manifest(folder))
-    save(accelerator, folder)  # saved again in place: another manifest digest
+    accelerator.save_state(folder, metadata={"note": "saved again"})  # in place: another manifest digest
     hashed = counted_slices(monkeypatch)
     prepared()[0].load_state(folder)
     assert len(hashed) == len(_all_slices(folder))
+
+
+def test_a_file_that_cannot_be_read_while_hashed_is_one_sentence(checkpoints, monkeypatch):
+    import errno
+
+    def failing(path, offset, length, checksum):
+        raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(manifests, "slice_digest", failing)
+    folder = checkpoints["replicated"]
+    with pytest.raises(CheckpointError) as error:
+        read_manifest(folder)
+    assert str(error.value).startswith(f"{folder} could not be read ([Errno 5] Input/output error: ")
+    assert str(error.value).endswith("; load a different checkpoint, or fix the disk.")
+
+
+def test_the_ranks_find_the_newest_intact_checkpoint_together_and_mark_it(tmp_path, monkeypatch):
+    from runner.engine.checkpoint_loading import newest_verified_checkpoint
+    from runner.engine.constants import VERIFIED_CHECKPOINT_ENV
+
+    monkeypatch.delenv(VERIFIED_CHECKPOINT_ENV, raising=False)
+    accelerator, _ = prepared()
+    for name in ("checkpoint_0", "checkpoint_1"):
+        save(accelerator, tmp_path / name)
+    damaged = tmp_path / "checkpoint_1" / "model.safetensors"
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 1
+    damaged.write_bytes(bytes(data))
+    newest, skipped = newest_verified_checkpoint(tmp_path, accelerator.state)
+    assert newest == tmp_path / "checkpoint_0"
+    assert [(path.name, str(error).split(" (")[0]) for path, error in skipped] == [
+        ("checkpoint_1", f"{damaged} does not match its xxh3_128 digest in the manifest")
+    ]
+    hashed = counted_slices(monkeypatch)
+    prepared()[0].load_state(newest)
+    assert hashed == []  # found verified: its load does not hash it again
