@@ -242,3 +242,20 @@ def test_the_ranks_find_the_newest_intact_checkpoint_together_and_mark_it(tmp_pa
     hashed = counted_slices(monkeypatch)
     prepared()[0].load_state(newest)
     assert hashed == []  # found verified: its load does not hash it again
+
+
+def test_a_checkpoint_with_a_format_4_manifest_still_loads_verified(tmp_path, monkeypatch):
+    from tests.unit.engine.test_manifest import as_format_4
+
+    accelerator, model = prepared(checksum="sha256")
+    folder = save(accelerator, tmp_path / "ck")
+    as_format_4(folder)  # as the previous version wrote it: sha256 slices as sha256_chunks
+    expected = {key: value.clone() for key, value in accelerator.get_state_dict(model).items()}
+    hashed = counted_slices(monkeypatch)
+    fresh, fresh_model = prepared()
+    with torch.no_grad():
+        for parameter in fresh_model.parameters():
+            parameter.add_(1)
+    fresh.load_state(folder)
+    assert len(hashed) == len(_all_slices(folder))
+    assert all(torch.equal(expected[key], value) for key, value in fresh.get_state_dict(fresh_model).items())
