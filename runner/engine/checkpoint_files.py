@@ -32,7 +32,7 @@ from runner.files import write_atomically
 
 
 def _torch_save_atomically(obj: Any, path: Path) -> None:
-    write_atomically(path, lambda partial: torch_save(obj, partial))
+    write_atomically(path, lambda partial: torch_save(obj, partial, crc32=False))  # the manifest has its digest
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ loading follows what it records, never the files it finds: the strategy that sav
 optimizers (``state_format``), how many objects of each kind, the world size. The prepared
 strategy loads the model and optimizer state (see :mod:`runner.engine.parallel.base`); the rest is
 the same under every strategy and is loaded here, reading tensors with safetensors and everything
-else with ``torch.load(weights_only=True)``.
+else with ``torch.load(weights_only=True)`` (see :func:`runner.engine.serialization.torch_load`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from runner.engine.manifest import (
 )
 from runner.engine.prepared import PreparedObjects
 from runner.engine.rng import set_rng_state, set_seed
-from runner.engine.serialization import load_safetensors
+from runner.engine.serialization import load_safetensors, torch_load
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ class ListedCheckpoint:
     def load_tensors(self, name: str) -> dict[str, torch.Tensor]:
         return load_safetensors(self.path / name)
 
-    def load_object(self, name: str) -> Any:
-        return torch.load(self.path / name, map_location="cpu", weights_only=True)
+    def load_object(self, name: str, *, mapped: bool = False) -> Any:
+        return torch_load(self.path / name, mapped=mapped)
 
 
 def load_training_state(

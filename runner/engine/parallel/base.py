@@ -24,6 +24,7 @@ from torch import nn
 
 from runner.engine.constants import MODEL_NAME, OPTIMIZER_NAME, indexed_name
 from runner.engine.manifest import CheckpointError
+from runner.engine.serialization import copied_out
 
 
 class CheckpointWriter(Protocol):
@@ -57,7 +58,7 @@ class CheckpointReader(Protocol):
     def load_tensors(self, name: str) -> dict[str, torch.Tensor]:
         """The safetensors file ``name``, on the CPU."""
 
-    def load_object(self, name: str) -> Any:
+    def load_object(self, name: str, *, mapped: bool = False) -> Any:
         """The ``torch.save`` file ``name``, read with ``weights_only=True``, on the CPU."""
 
 
@@ -171,7 +172,7 @@ class ReplicatedModelStrategy:
         for i, model in enumerate(models):
             _load_whole_model(checkpoint, indexed_name(MODEL_NAME, i, ".safetensors"), model)
         for i, optimizer in enumerate(optimizers):
-            optimizer.load_state_dict(load_optimizer_file(checkpoint, i))
+            load_whole_optimizer(checkpoint, i, optimizer)
 
 
 def save_whole_state(
@@ -184,11 +185,28 @@ def save_whole_state(
         folder.save_object(optimizer_state, indexed_name(OPTIMIZER_NAME, i, ".bin"))
 
 
-def load_optimizer_file(checkpoint: CheckpointReader, index: int) -> dict:
-    """Optimizer ``index``'s whole state, from a checkpoint in the replicated format."""
+def load_optimizer_file(checkpoint: CheckpointReader, index: int, *, mapped: bool = False) -> dict:
+    """Optimizer ``index``'s whole state, from a checkpoint in the replicated format (``mapped``: see
+    :func:`runner.engine.serialization.torch_load`)."""
     name = indexed_name(OPTIMIZER_NAME, index, ".bin")
     checkpoint.require(name)
-    return checkpoint.load_object(name)
+    return checkpoint.load_object(name, mapped=mapped)
+
+
+def load_whole_optimizer(checkpoint: CheckpointReader, index: int, optimizer: Any) -> None:
+    """Load optimizer ``index``'s whole state into ``optimizer``, its tensors copied into the ones it holds.
+
+    torch's ``load_state_dict`` checks the saved state against the optimizer and takes its tensors as
+    they are; they are views of the file's memory map here, so they are then copied into the state
+    tensors the optimizer held before (no new memory, none of the file's pages kept), or into new
+    memory where it held none of that shape.
+    """
+    held = {(id(parameter), key): value for parameter, state in optimizer.state.items() for key, value in state.items()}
+    optimizer.load_state_dict(load_optimizer_file(checkpoint, index, mapped=True))
+    for parameter, state in optimizer.state.items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                state[key] = copied_out(value, held.get((id(parameter), key)))
 
 
 def _load_whole_model(checkpoint: CheckpointReader, name: str, model: nn.Module) -> None:

@@ -17,7 +17,7 @@ from runner.engine.parallel import (
     FSDPStrategy,
     SingleProcessStrategy,
 )
-from runner.engine.serialization import load_safetensors, save_safetensors
+from runner.engine.serialization import load_safetensors, save_safetensors, torch_load
 
 ONE = DistributedEnvironment()
 TWO = DistributedEnvironment(rank=0, world_size=2, local_world_size=2, backend="gloo")
@@ -52,8 +52,8 @@ class Folder:
     def load_tensors(self, name: str) -> dict[str, torch.Tensor]:
         return load_safetensors(self.path / name)
 
-    def load_object(self, name: str) -> Any:
-        return torch.load(self.path / name, weights_only=True)
+    def load_object(self, name: str, *, mapped: bool = False) -> Any:
+        return torch_load(self.path / name, mapped=mapped)
 
 
 def _trained(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -139,3 +139,36 @@ def test_prepare_under_fsdp_refuses_an_optimizer_that_already_stepped():
     with pytest.raises(ValueError, match=r"this optimizer has already stepped on the unsharded ones"):
         accelerator.prepare(model, optimizer)
     Accelerator().prepare(*_trained())  # without sharding, nothing to re-point
+
+
+def _overwrite_in_place(path: Path) -> None:
+    """Zero a file's bytes without replacing it: what a memory map of it still sees."""
+    size = path.stat().st_size
+    with open(path, "r+b") as file:
+        file.write(bytes(size))
+
+
+def test_loaded_optimizer_state_goes_into_the_tensors_it_held_and_keeps_nothing_of_the_file(tmp_path):
+    strategy = SingleProcessStrategy()
+    model, optimizer = _trained()
+    strategy.save_model_state(Folder(tmp_path), [model], [optimizer], weights=None, rank=0)
+    saved = {key: value.clone() for key, value in optimizer.state_dict()["state"][0].items()}
+
+    trained, trained_optimizer = _trained(seed=1)  # holds moments of the same shapes: they are reused
+    fresh = nn.Sequential(nn.Linear(3, 2))
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=0.1)  # holds none: new memory
+    held = trained_optimizer.state[trained[0].weight]["exp_avg"]
+    strategy.load_model_state(Folder(tmp_path), [trained], [trained_optimizer])
+    strategy.load_model_state(Folder(tmp_path), [fresh], [fresh_optimizer])
+    assert trained_optimizer.state[trained[0].weight]["exp_avg"] is held
+
+    _overwrite_in_place(tmp_path / "optimizer.bin")
+    for loaded in (trained_optimizer, fresh_optimizer):
+        state = loaded.state_dict()["state"][0]
+        assert all(torch.equal(state[key], value) for key, value in saved.items())
+    # The check above can fail: a tensor left as a view of the file's map sees the overwrite.
+    model, optimizer = _trained()
+    strategy.save_model_state(Folder(tmp_path), [model], [optimizer], weights=None, rank=0)
+    mapped = torch_load(tmp_path / "optimizer.bin", mapped=True)["state"][0]["exp_avg"]
+    _overwrite_in_place(tmp_path / "optimizer.bin")
+    assert not mapped.any()

@@ -15,6 +15,8 @@ from runner.engine.serialization import (
     load_state_dict_files,
     parse_size,
     save_model_files,
+    torch_load,
+    torch_save,
 )
 
 
@@ -434,3 +436,24 @@ def test_weights_of_someone_else_that_would_be_loaded_instead_are_refused(tmp_pa
         "of the new weights; move it away, or save to another folder."
     )
     assert _weight_files(tmp_path) == [SAFE_WEIGHTS_NAME]
+
+
+def test_checkpoint_saves_skip_the_zip_crc32_and_load_back_exactly_in_memory_of_their_own(tmp_path):
+    import zipfile
+
+    base = torch.arange(6.0)
+    obj = {"base": base, "view": base[2:4], "step": torch.tensor(3), "lr": 0.1}
+    torch_save(obj, tmp_path / "with.bin")
+    torch_save(obj, tmp_path / "without.bin", crc32=False)
+    assert torch.serialization.get_crc32_options() is True  # switched off only during the save
+    assert zipfile.ZipFile(tmp_path / "with.bin").testzip() is None
+    assert zipfile.ZipFile(tmp_path / "without.bin").testzip() is not None  # zip tools see no CRC32
+
+    loaded = torch_load(tmp_path / "without.bin")
+    assert loaded["lr"] == 0.1 and torch.equal(loaded["step"], torch.tensor(3))
+    assert torch.equal(loaded["base"], base) and torch.equal(loaded["view"], base[2:4])
+    loaded["base"][2] = 9.0
+    assert loaded["view"][0] == 9.0  # views of one tensor still share its memory
+    with open(tmp_path / "without.bin", "r+b") as file:  # the file changed in place: the load kept its own copy
+        file.write(bytes((tmp_path / "without.bin").stat().st_size))
+    assert torch.equal(loaded["base"], torch.tensor([0.0, 1.0, 9.0, 3.0, 4.0, 5.0]))
