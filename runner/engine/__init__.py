@@ -18,6 +18,7 @@ from runner.engine.parallel import (
     DDPCommunicationHookType,
     DistributedDataParallelKwargs,
     FullyShardedDataParallelPlugin,
+    ParallelismConfig,
 )
 from runner.engine.precision import AutocastKwargs, GradScalerKwargs
 from runner.engine.rng import set_seed
@@ -37,6 +38,7 @@ __all__ = [
     "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
+    "ParallelismConfig",
     "ProjectConfiguration",
     "debug_launcher",
     "find_executable_batch_size",

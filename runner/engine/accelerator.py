@@ -32,6 +32,7 @@ from runner.engine.optimizer import (
 from runner.engine.parallel import (
     DistributedDataParallelKwargs,
     FullyShardedDataParallelPlugin,
+    ParallelismConfig,
     select_strategy,
     sync_in_next_backward,
     unwrap_module,
@@ -89,6 +90,10 @@ class Accelerator:
         kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``, ``AutocastKwargs``.
         gradient_accumulation_plugin: Accumulation settings; overrides ``gradient_accumulation_steps``.
         fsdp_plugin: Shard models with FSDP2 (see :class:`FullyShardedDataParallelPlugin`) instead of DDP.
+        parallelism_config: Lay the processes out on an N-D mesh (see :class:`ParallelismConfig`): tensor
+            parallelism over ``tp_size`` processes, then FSDP2 over ``dp_shard_size`` (HSDP with
+            ``dp_replicate_size``). Loaders, ``gather``, ``gather_for_metrics`` and ``reduce`` then work over
+            the data-parallel ranks: the processes of one tensor-parallel group see the same batches.
 
     Example:
         >>> accelerator = Accelerator(mixed_precision="bf16")
@@ -116,6 +121,7 @@ class Accelerator:
         kwargs_handlers: list | None = None,
         gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
         fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+        parallelism_config: ParallelismConfig | None = None,
     ) -> None:
         env = read_environment(cpu=cpu)
         init_process_group(env)
@@ -149,7 +155,9 @@ class Accelerator:
             ddp_kwargs=handlers.get(DistributedDataParallelKwargs),
             fsdp_plugin=fsdp_plugin,
             param_dtype={PrecisionType.BF16: torch.bfloat16, PrecisionType.FP16: torch.float16}.get(precision),
+            parallelism_config=parallelism_config,
         )
+        self.parallelism_config = None if parallelism_config is None else parallelism_config.resolve(env.world_size)
         # Built last: it reports the strategy and precision chosen above. Each Accelerator has its own.
         self.state = AcceleratorState.of(
             env, fsdp=self._strategy.name == "fsdp", mixed_precision=precision.value, debug=ops.is_debug_mode()
@@ -196,6 +204,31 @@ class Accelerator:
     @property
     def distributed_type(self) -> DistributedType:
         return self.state.distributed_type
+
+    @property
+    def torch_device_mesh(self):
+        """The ``DeviceMesh`` models are sharded or split on (FSDP2, tensor parallelism), else None.
+
+        With a :class:`ParallelismConfig` its dimensions are ``("dp_replicate", "dp_shard", "tp")``, with the
+        flattened ``"dp"`` (every data-parallel rank) among its submeshes; under plain FSDP, ``("dp_shard",)``.
+        """
+        return getattr(self._strategy, "device_mesh", None)
+
+    @property
+    def _data_parallel_size(self) -> int:
+        """Processes that read different batches (all of them, unless tensor parallelism groups them)."""
+        config = self.parallelism_config
+        return self.num_processes if config is None else config.data_parallel_size
+
+    @property
+    def _data_parallel_rank(self) -> int:
+        config = self.parallelism_config
+        return self.process_index if config is None else config.data_parallel_rank(self.process_index)
+
+    @property
+    def _data_parallel_group(self):
+        """The process group of the data-parallel ranks, where tensor parallelism groups processes; else None."""
+        return getattr(self._strategy, "data_parallel_group", None)
 
     @property
     def use_distributed(self) -> bool:
@@ -314,7 +347,7 @@ class Accelerator:
             gradient_state=self.gradient_state,
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.split_batches,
-            num_processes=self.num_processes,
+            num_processes=self._data_parallel_size,
         )
         self._schedulers.append(prepared)
         return prepared
@@ -324,8 +357,8 @@ class Accelerator:
         prepared = prepare_data_loader(
             data_loader,
             device=self.device if place else None,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
+            num_processes=self._data_parallel_size,
+            process_index=self._data_parallel_rank,
             gradient_state=self.gradient_state,
             config=self.dataloader_config,
             broadcast_seed=_rank_zeros,
@@ -429,7 +462,7 @@ class Accelerator:
         Example:
             >>> losses = accelerator.gather(loss)  # works on a loss that requires grad; the result does not
         """
-        return ops.gather(tensor)
+        return ops.gather(tensor, group=self._data_parallel_group)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gather for evaluation: like ``gather``, without the samples that padded the last batch.
@@ -439,14 +472,20 @@ class Accelerator:
         list of picklable objects.
         """
         is_tensors = ops.is_tensor_nest(input_data)
-        data = ops.gather(input_data) if is_tensors and not use_gather_object else ops.gather_object(input_data)
+        group = self._data_parallel_group
+        if is_tensors and not use_gather_object:
+            data = ops.gather(input_data, group=group)
+        else:
+            data = ops.gather_object(input_data, group=group)
         remainder = self.gradient_state.remainder
         if self.gradient_state.end_of_dataloader and remainder > 0:
             data = ops.truncate(data, remainder) if is_tensors and not use_gather_object else data[:remainder]
         return data
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-        return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+        return ops.pad_across_processes(
+            tensor, dim=dim, pad_index=pad_index, pad_first=pad_first, group=self._data_parallel_group
+        )
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Reduce ``tensor`` (or a nest of them) over all processes; see :func:`runner.engine.ops.reduce`.
@@ -459,7 +498,7 @@ class Accelerator:
         Raises:
             ValueError: ``reduction`` is not one of those names.
         """
-        return ops.reduce(tensor, reduction=reduction, scale=scale)
+        return ops.reduce(tensor, reduction=reduction, scale=scale, group=self._data_parallel_group)
 
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point."""
@@ -562,7 +601,10 @@ class Accelerator:
             ...     outputs = [generate(prompt) for prompt in mine]
         """
         yield ops.split_between_processes(
-            inputs, num_processes=self.num_processes, process_index=self.process_index, apply_padding=apply_padding
+            inputs,
+            num_processes=self._data_parallel_size,
+            process_index=self._data_parallel_rank,
+            apply_padding=apply_padding,
         )
 
     def on_main_process(self, function: Callable) -> Callable:

@@ -29,8 +29,8 @@ from runner.engine.constants import ACCELERATE_DEBUG_MODE_ENV, DEBUG_MODE_ENV
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def _world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+def _world_size(group: Any = None) -> int:
+    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
 
 
 class DistributedOperationException(Exception):
@@ -108,7 +108,7 @@ def send_to_device(data: Any, device: torch.device | str, non_blocking: bool = F
     return data
 
 
-def _gather_tensor(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
+def _gather_tensor(tensor: torch.Tensor, world_size: int, group: Any = None) -> torch.Tensor:
     # Detached first: the collective writes into views of `output` and autograd refuses that when the
     # input requires grad; the gathered values carry no gradient back anyway (as in Accelerate).
     tensor = tensor.detach()
@@ -116,17 +116,19 @@ def _gather_tensor(tensor: torch.Tensor, world_size: int) -> torch.Tensor:
         tensor = tensor[None]
     tensor = tensor.contiguous()
     output = torch.empty((world_size * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    _all_gather_single(output, tensor)
+    _all_gather_single(output, tensor, group=group)
     return output
 
 
-def gather(tensor: Any) -> Any:
+def gather(tensor: Any, group: Any = None) -> Any:
     """Concatenate ``tensor`` from all processes along dim 0, in rank order.
 
     Args:
         tensor: A tensor or a nest of tensors; every rank must pass the same structure and shapes
             (use :func:`pad_across_processes` first when the first dimension differs). Scalars
             become length-1 tensors.
+        group: Gather from this process group's processes only (the data-parallel ranks of a mesh,
+            say); every process still calls it, each with its own group.
 
     Returns:
         The same structure, each tensor ``num_processes`` times longer and detached from the
@@ -138,7 +140,7 @@ def gather(tensor: Any) -> Any:
     Example:
         >>> losses = gather(loss)  # fine on a loss that requires grad; ``losses.requires_grad`` is False
     """
-    world_size = _world_size()
+    world_size = _world_size(group)
     if world_size == 1:
         return recursively_apply(torch.Tensor.detach, tensor)
     _verify_shapes(
@@ -147,16 +149,16 @@ def gather(tensor: Any) -> Any:
         rule="the tensors' shapes differ across processes (all must match)",
         hint="Make them equal on every process; pad_across_processes evens out one dimension.",
     )
-    return recursively_apply(lambda t: _gather_tensor(t, world_size), tensor)
+    return recursively_apply(lambda t: _gather_tensor(t, world_size, group), tensor)
 
 
-def gather_object(obj: list[Any]) -> list[Any]:
-    """Concatenate a picklable list from all processes, in rank order."""
-    world_size = _world_size()
+def gather_object(obj: list[Any], group: Any = None) -> list[Any]:
+    """Concatenate a picklable list from all processes (or ``group``'s, see :func:`gather`), in rank order."""
+    world_size = _world_size(group)
     if world_size == 1:
         return list(obj)
     gathered: list[Any] = [None] * world_size
-    dist.all_gather_object(gathered, list(obj))
+    dist.all_gather_object(gathered, list(obj), group=group)
     return [item for per_rank in gathered for item in per_rank]
 
 
@@ -239,7 +241,7 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
 _REDUCE_OPS = {"mean": "SUM", "sum": "SUM", "max": "MAX", "min": "MIN", "none": None}
 
 
-def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
+def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0, group: Any = None) -> Any:
     """Reduce ``tensor`` (or a nest of tensors) over all processes, into new tensors.
 
     Args:
@@ -247,6 +249,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
         reduction: ``"mean"`` (the default, as ``accelerate.utils.reduce``), ``"sum"``, ``"max"``,
             ``"min"``, or ``"none"`` (this process's values, copied).
         scale: A factor applied to the result.
+        group: Reduce over this process group's processes only (see :func:`gather`).
 
     Returns:
         The same structure, every tensor replaced by its reduction (on one process: a copy).
@@ -261,7 +264,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """
     if reduction not in _REDUCE_OPS:
         raise ValueError(f"reduction={reduction!r} is not supported; use one of {', '.join(map(repr, _REDUCE_OPS))}.")
-    world_size = _world_size()
+    world_size = _world_size(group)
     op_name = _REDUCE_OPS[reduction]
     if world_size > 1 and op_name is not None:  # "none" runs no collective, so nothing can hang
         _verify_shapes(
@@ -274,7 +277,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     def _reduce(t: torch.Tensor) -> torch.Tensor:
         result = t.clone()  # all_reduce works in place; the caller's tensor stays untouched
         if world_size > 1 and op_name is not None:
-            dist.all_reduce(result, op=getattr(dist.ReduceOp, op_name))
+            dist.all_reduce(result, op=getattr(dist.ReduceOp, op_name), group=group)
             if reduction == "mean":
                 result /= world_size
         return result * scale if scale != 1.0 else result
@@ -282,18 +285,21 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     return recursively_apply(_reduce, tensor)
 
 
-def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+def pad_across_processes(
+    tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False, group: Any = None
+) -> Any:
     """Pad ``tensor`` along ``dim`` to the largest size any process has, so it can be gathered.
 
     Args:
         dim: The dimension whose size differs between processes.
         pad_index: The value to pad with.
         pad_first: Pad at the start instead of the end.
+        group: Pad to the largest size of this process group's processes only (see :func:`gather`).
 
     Raises:
         DistributedOperationException: In debug mode, the numbers of dimensions differ between processes.
     """
-    world_size = _world_size()
+    world_size = _world_size(group)
     if world_size == 1:
         return tensor
     # Sizes may differ; the number of dimensions may not: a process whose tensor lacks `dim` skips
@@ -311,7 +317,7 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
             return t
         axis = dim % t.ndim
         size = torch.tensor([t.shape[axis]], device=t.device)
-        sizes = _gather_tensor(size, world_size)
+        sizes = _gather_tensor(size, world_size, group)
         longest = int(sizes.max())
         if longest == t.shape[axis]:
             return t

@@ -3,7 +3,7 @@
 Token and position embeddings, ``n_layer`` pre-norm blocks (causal self-attention through torch's
 ``scaled_dot_product_attention``, then a GELU MLP), a final LayerNorm and a language-model head that
 shares its weight with the token embedding. Each :class:`Block` is a natural FSDP shard unit
-(``parallel.shard_modules=[Block]``).
+(``parallel.shard_modules=[Block]``), and :attr:`GPT.tp_plan` says how tensor parallelism splits a block.
 """
 
 from __future__ import annotations
@@ -18,23 +18,29 @@ from runner.models.checks import check_dropout, check_sizes
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention in which each position attends to itself and earlier positions only."""
+    """Multi-head self-attention in which each position attends to itself and earlier positions only.
+
+    The fused ``qkv`` projection lays its output out head by head, ``[q k v of head 0][q k v of head 1]...``,
+    rather than as three blocks ``[all q][all k][all v]``: a column-wise tensor-parallel shard of it (a
+    contiguous range of output rows) then holds whole heads, and :meth:`forward` reads how many heads it
+    has from the width it gets, so the same code runs whole and sharded (``GPT.tp_plan``).
+    """
 
     def __init__(self, *, n_embd: int, n_head: int, dropout: float, bias: bool) -> None:
         super().__init__()
         self.n_head = n_head
+        self.head_size = n_embd // n_head
         self.qkv = nn.Linear(n_embd, 3 * n_embd, bias=bias)
         self.proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, time, channels = x.shape
-        q, k, v = self.qkv(x).split(channels, dim=2)
-        heads = (batch, time, self.n_head, channels // self.n_head)
-        q, k, v = (t.view(heads).transpose(1, 2) for t in (q, k, v))  # (batch, head, time, head size)
+        batch, time, _ = x.shape
+        heads = self.qkv(x).view(batch, time, -1, 3 * self.head_size).transpose(1, 2)  # (batch, head, time, 3 q k v)
+        q, k, v = heads.split(self.head_size, dim=-1)
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(batch, time, channels)
+        y = y.transpose(1, 2).reshape(batch, time, -1)  # the heads side by side: all of them, or this shard's
         return self.resid_dropout(self.proj(y))
 
 
@@ -82,6 +88,17 @@ class GPT(nn.Module):
         >>> model = GPT(vocab_size=65, block_size=64, n_layer=2, n_head=2, n_embd=64)
         >>> logits, loss = model(idx, targets)  # idx, targets: (batch, time) int64
     """
+
+    # The tensor-parallel plan (``parallel.tp > 1`` without a ``parallel.tp_plan`` of its own), Megatron's
+    # split of each block: the first projection column-wise (whole heads, a slice of the MLP's width per
+    # rank), the second row-wise (partial outputs summed across ranks). The embeddings, LayerNorms and the
+    # head tied to the token embedding are not in it and stay whole on every rank, so the tying survives.
+    tp_plan = {
+        "blocks.*.attn.qkv": "colwise",
+        "blocks.*.attn.proj": "rowwise",
+        "blocks.*.mlp.fc": "colwise",
+        "blocks.*.mlp.proj": "rowwise",
+    }
 
     def __init__(
         self,

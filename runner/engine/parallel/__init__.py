@@ -18,6 +18,7 @@ from runner.engine.parallel.ddp import (
     sync_in_next_backward,
 )
 from runner.engine.parallel.fsdp import FSDPStrategy, FullyShardedDataParallelPlugin
+from runner.engine.parallel.mesh import ParallelismConfig
 from runner.engine.parallel.none import SingleProcessStrategy
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "DistributedDataParallelKwargs",
     "FSDPStrategy",
     "FullyShardedDataParallelPlugin",
+    "ParallelismConfig",
     "ParallelStrategy",
     "SingleProcessStrategy",
     "select_strategy",
@@ -42,8 +44,21 @@ def select_strategy(
     ddp_kwargs: DistributedDataParallelKwargs | None = None,
     fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
     param_dtype=None,
+    parallelism_config: ParallelismConfig | None = None,
 ) -> ParallelStrategy:
-    """FSDP when a plugin is given; otherwise DDP across several processes, else none."""
+    """FSDP2 on a mesh when a plugin is given, or a parallelism config that shards or splits the model (tensor
+    parallelism); otherwise DDP across several processes, else none.
+
+    Raises:
+        ValueError: The parallelism config's sizes do not multiply to the world size.
+    """
+    if parallelism_config is not None:
+        parallelism_config = parallelism_config.resolve(env.world_size)
+        if fsdp_plugin is None and (parallelism_config.tp_enabled or parallelism_config.dp_shard_enabled):
+            fsdp_plugin = FullyShardedDataParallelPlugin()
+        if fsdp_plugin is not None:
+            plain = not parallelism_config.tp_enabled and not parallelism_config.dp_replicate_enabled
+            return FSDPStrategy(env, fsdp_plugin, param_dtype, None if plain else parallelism_config)
     if fsdp_plugin is not None:
         return FSDPStrategy(env, fsdp_plugin, param_dtype)
     if env.is_distributed:

@@ -14,6 +14,12 @@ Checkpoints: with ``SHARDED_STATE_DICT`` every rank writes its own shards of eac
 optimizer through torch.distributed.checkpoint (``checkpoint_format`` ``"dcp"``, loadable on any
 number of processes); with ``FULL_STATE_DICT`` they are gathered to rank 0 and written in the
 replicated format. Either loads into a sharded model (see :mod:`runner.engine.sharded_state`).
+
+On an N-D mesh (a :class:`~runner.engine.parallel.mesh.ParallelismConfig`), tensor parallelism over
+its ``tp`` dimension comes first (:mod:`runner.engine.parallel.tensor_parallel`), then ``fully_shard``
+over ``dp_shard`` (HSDP: ``(dp_replicate, dp_shard)``), skipped when there is a single data-parallel
+rank. The sharded checkpoints hold each tensor's global shape, so they reshard across mesh shapes:
+saved with ``tp=2``, loaded with ``dp_shard=2``, on one process, and back.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from runner.engine.parallel.base import (
     save_whole_state,
     unwrap_module,
 )
+from runner.engine.parallel.mesh import ParallelismConfig
 
 
 @dataclass
@@ -76,17 +83,64 @@ class FullyShardedDataParallelPlugin:
 class FSDPStrategy:
     name = "fsdp"
 
-    def __init__(self, env: DistributedEnvironment, plugin: FullyShardedDataParallelPlugin, param_dtype) -> None:
+    def __init__(
+        self,
+        env: DistributedEnvironment,
+        plugin: FullyShardedDataParallelPlugin,
+        param_dtype,
+        parallelism: ParallelismConfig | None = None,
+    ) -> None:
+        """
+        Args:
+            parallelism: The N-D mesh (resolved against ``env``'s world size); None: FSDP over every process.
+        """
         self.env = env
         self.plugin = plugin
         self.param_dtype = param_dtype  # from mixed_precision: the dtype units compute in, or None
+        self.parallelism = parallelism
+        self._device_mesh = None
         # Shards through DCP, or whole states gathered to rank 0 (see runner.engine.sharded_state).
         self.checkpoint_format = "dcp" if plugin.state_dict_type == "SHARDED_STATE_DICT" else "safetensors"
 
-    def _mesh(self):
-        from torch.distributed.device_mesh import init_device_mesh
+    @property
+    def device_mesh(self):
+        """The run's ``DeviceMesh`` (built on first use, a collective), or None on one process."""
+        if self._device_mesh is None and self.env.is_distributed:
+            if self.parallelism is None:
+                from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(self.env.device.type, (self.env.world_size,))
+                self._device_mesh = init_device_mesh(
+                    self.env.device.type, (self.env.world_size,), mesh_dim_names=("dp_shard",)
+                )
+            else:
+                self._device_mesh = self.parallelism.build_device_mesh(self.env.device.type)
+        return self._device_mesh
+
+    def _shard_mesh(self):
+        if self.parallelism is None:
+            return self.device_mesh
+        return self.device_mesh[self.parallelism.fsdp_dim_names]
+
+    @property
+    def data_parallel_group(self):
+        """The process group of the ranks that read different batches (None: every process does)."""
+        if self.parallelism is None or not self.parallelism.tp_enabled or not self.env.is_distributed:
+            return None
+        from runner.engine.parallel.mesh import data_parallel_mesh
+
+        return data_parallel_mesh(self.device_mesh).get_group()
+
+    def _tensor_parallel(self, model: nn.Module) -> None:
+        from runner.engine.parallel.tensor_parallel import apply_tensor_parallel, default_tp_plan
+
+        plan = self.parallelism.tp_plan or default_tp_plan(model)
+        if not plan:
+            raise ValueError(
+                f"tp_size={self.parallelism.tp_size} (parallel.tp) needs a tensor-parallel plan, and "
+                f"{type(model).__name__} has no tp_plan attribute; set parallel.tp_plan (module-name patterns to "
+                "colwise, rowwise or sequence)."
+            )
+        apply_tensor_parallel(model, self.device_mesh["tp"], plan)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -101,11 +155,15 @@ class FSDPStrategy:
             )
         if not self.env.is_distributed:
             return model  # one process: nothing to shard; checkpoints still use the sharded format
+        if self.parallelism is not None and self.parallelism.tp_enabled:
+            self._tensor_parallel(model)
+            if self.parallelism.data_parallel_size == 1:
+                return model  # tensor parallelism alone: no data-parallel rank to shard across
         units = [m for m in model.modules() if type(m).__name__ in names and m is not model]
         if self.plugin.activation_checkpointing:
             units = [_checkpoint_unit(model, unit) for unit in units]
         options: dict[str, Any] = {
-            "mesh": self._mesh(),
+            "mesh": self._shard_mesh(),
             "reshard_after_forward": self.plugin.reshard_after_forward,
             "mp_policy": MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32),
             # Pinned host memory speeds the copies to the GPU; there is none to pin for a CPU run.
@@ -139,7 +197,7 @@ class FSDPStrategy:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         model = unwrap_module(model)
-        if not _is_sharded(model):
+        if not _is_sharded(model) and not _holds_dtensors(model):
             return model.state_dict()
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(model, options=options)
@@ -232,6 +290,13 @@ def _is_sharded(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
+
+
+def _holds_dtensors(model: nn.Module) -> bool:
+    """Whether ``model``'s parameters are DTensors (tensor parallelism without ``fully_shard``)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(parameter, DTensor) for parameter in model.parameters())
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from runner.models import GPT
+from runner.models.gpt import CausalSelfAttention
 
 VOCAB = 65
 
@@ -65,6 +66,48 @@ def test_gpt2_initialisation_scales_the_residual_projections():
     for projection in (model.blocks[3].attn.proj, model.blocks[3].mlp.proj):
         assert projection.weight.std().item() == pytest.approx(0.02 / math.sqrt(16), rel=0.05)
         assert torch.count_nonzero(projection.bias) == 0
+
+
+def test_the_fused_qkv_projection_is_laid_out_head_by_head():
+    """Rows [q k v of head 0][q k v of head 1]...: a contiguous (column-wise TP) shard holds whole heads."""
+    attention = small(n_head=4, n_embd=32).blocks[0].attn
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(7))
+    weight, bias, size = attention.qkv.weight, attention.qkv.bias, 8
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    heads = []
+    for head in range(4):
+        rows = [slice(head * 3 * size + i * size, head * 3 * size + (i + 1) * size) for i in range(3)]
+        q, k, v = (x @ weight[r].T + bias[r] for r in rows)
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(size)).masked_fill(~causal, float("-inf"))
+        heads.append(torch.softmax(scores, dim=-1) @ v)
+    expected = attention.proj(torch.cat(heads, dim=-1))
+    torch.testing.assert_close(attention(x), expected)
+
+
+def test_the_attention_reads_its_head_count_from_the_width_it_gets():
+    """What each of two tensor-parallel processes computes: 2 of the 4 heads, and its part of the output projection."""
+    attention = small(n_head=4, n_embd=32).blocks[0].attn
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(8))
+    partial_sums = []
+    for rank in range(2):
+        local = CausalSelfAttention(n_embd=32, n_head=4, dropout=0.0, bias=True)  # n_head stays 4, as under TP
+        local.qkv, local.proj = torch.nn.Linear(32, 48), torch.nn.Linear(16, 32, bias=False)
+        with torch.no_grad():  # the rows ColwiseParallel gives this rank, and the columns RowwiseParallel does
+            local.qkv.weight.copy_(attention.qkv.weight[48 * rank : 48 * (rank + 1)])
+            local.qkv.bias.copy_(attention.qkv.bias[48 * rank : 48 * (rank + 1)])
+            local.proj.weight.copy_(attention.proj.weight[:, 16 * rank : 16 * (rank + 1)])
+        partial_sums.append(local(x))
+    torch.testing.assert_close(partial_sums[0] + partial_sums[1] + attention.proj.bias, attention(x))
+
+
+def test_gpt_carries_a_tensor_parallel_plan_that_keeps_the_tied_head_whole():
+    assert GPT.tp_plan == {
+        "blocks.*.attn.qkv": "colwise",
+        "blocks.*.attn.proj": "rowwise",
+        "blocks.*.mlp.fc": "colwise",
+        "blocks.*.mlp.proj": "rowwise",
+    }
+    assert not any(pattern.startswith(("lm_head", "token_embedding")) for pattern in GPT.tp_plan)
 
 
 def test_blocks_are_named_for_fsdp_shard_units():

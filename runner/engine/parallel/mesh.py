@@ -1,0 +1,239 @@
+"""The device mesh of an N-D parallel run: data-parallel replication x data-parallel sharding x tensor parallelism.
+
+:class:`ParallelismConfig` keeps Hugging Face Accelerate's field names and meaning (``dp_replicate_size``,
+``dp_shard_size``, ``tp_size``, ``cp_size``; torchtitan's ``ParallelDims`` is the same idea). Ranks are
+laid out row-major over ``(dp_replicate, dp_shard, tp)``, so the processes of one tensor-parallel group
+are neighbours (on one host, where their frequent collectives are cheapest) and see the same batch.
+
+The mesh always has all three dimensions, size-1 ones included, so every submesh can be asked for
+whatever is switched on: ``mesh["tp"]`` for ``parallelize_module``, ``mesh[config.fsdp_dim_names]``
+for ``fully_shard`` (``("dp_shard",)``, or ``("dp_replicate", "dp_shard")`` for HSDP), and
+:func:`data_parallel_mesh`, the two data-parallel dimensions flattened into ``"dp"``, for loading data
+and averaging metrics. (torch deprecates ``mesh["dp"]``, slicing a flattened dimension from the root.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
+DATA_PARALLEL_DIM_NAME = "dp"  # the flattened (dp_replicate, dp_shard) submesh
+SHARD_AND_TP_DIM_NAME = "dp_shard_tp"  # flattened so that reducing over both (a gradient norm) is one all-reduce
+REST_OF_THE_WORLD = "auto"  # dp_shard_size: the processes the other dimensions leave
+
+_CONFIG_KEYS = {
+    "dp_replicate_size": "parallel.dp_replicate",
+    "dp_shard_size": "parallel.dp_shard",
+    "tp_size": "parallel.tp",
+    "cp_size": "parallel.cp",
+}
+
+
+@dataclass(frozen=True)
+class ParallelismConfig:
+    """How the processes split the work (Accelerate's ``ParallelismConfig``).
+
+    Args:
+        dp_replicate_size: Groups holding whole copies of the (sharded) model, each fed its own
+            batches; with ``dp_shard_size > 1`` this is HSDP (shards within a group, replicas across).
+        dp_shard_size: Processes across which FSDP shards parameters, gradients and optimizer state;
+            ``"auto"`` (or ``None`` or ``-1``) takes whatever the other sizes leave of the world size.
+        tp_size: Processes that split each layer of the model (tensor parallelism); they see the same
+            batch.
+        cp_size: Context parallelism; reserved (Accelerate has the field), only 1 is supported.
+        tp_plan: How tensor parallelism splits the model: module-name patterns (``*`` matches one
+            name segment) to ``"colwise"``, ``"rowwise"`` or ``"sequence"`` (or torch ``ParallelStyle``
+            objects); None takes the model class's own ``tp_plan`` (see
+            :mod:`runner.engine.parallel.tensor_parallel`).
+
+    Raises:
+        ValueError: A size is not a whole number of at least 1, or ``cp_size > 1``.
+
+    Example:
+        >>> config = ParallelismConfig(dp_shard_size="auto", tp_size=2).resolve(world_size=8)
+        >>> config.dp_shard_size, config.data_parallel_size
+        (4, 4)
+        >>> mesh = config.build_device_mesh("cuda")  # inside an initialised process group of 8
+        >>> mesh["tp"], mesh[config.fsdp_dim_names], data_parallel_mesh(mesh)
+    """
+
+    dp_replicate_size: int = 1
+    dp_shard_size: int | str | None = 1
+    tp_size: int = 1
+    cp_size: int = 1
+    tp_plan: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("dp_replicate_size", "tp_size", "cp_size"):
+            _check_size(name, getattr(self, name))
+        if not _is_rest(self.dp_shard_size):
+            _check_size("dp_shard_size", self.dp_shard_size)
+        if self.cp_size > 1:
+            raise ValueError(
+                f"cp_size={self.cp_size} ({_CONFIG_KEYS['cp_size']}): context parallelism is not supported yet; "
+                f"set {_CONFIG_KEYS['cp_size']}=1."
+            )
+
+    def resolve(self, world_size: int) -> ParallelismConfig:
+        """This config with every size a number that fits ``world_size`` processes.
+
+        ``dp_shard_size="auto"`` becomes the world size over the other sizes. As in Accelerate, all
+        sizes 1 on several processes means plain data parallelism: ``dp_replicate_size = world_size``.
+
+        Raises:
+            ValueError: The sizes' product is not ``world_size``.
+        """
+        if _is_rest(self.dp_shard_size):
+            others = self.dp_replicate_size * self.tp_size * self.cp_size
+            if world_size % others:
+                raise ValueError(
+                    f"dp_shard_size={REST_OF_THE_WORLD!r} ({_CONFIG_KEYS['dp_shard_size']}) needs the {world_size} "
+                    f"processes to divide by dp_replicate_size * tp_size = {others}; choose "
+                    f"{_CONFIG_KEYS['dp_replicate_size']} and {_CONFIG_KEYS['tp_size']} whose product divides "
+                    "the number of processes."
+                )
+            return dataclasses.replace(self, dp_shard_size=world_size // others)
+        if self.total_size == 1 and world_size > 1:
+            return dataclasses.replace(self, dp_replicate_size=world_size)
+        if self.total_size != world_size:
+            raise ValueError(
+                f"dp_replicate_size * dp_shard_size * tp_size = {self.dp_replicate_size} * {self.dp_shard_size} * "
+                f"{self.tp_size} = {self.total_size} does not match the {world_size} processes; make "
+                f"{_CONFIG_KEYS['dp_replicate_size']} * {_CONFIG_KEYS['dp_shard_size']} * {_CONFIG_KEYS['tp_size']} "
+                f"equal the number of processes, or set {_CONFIG_KEYS['dp_shard_size']}={REST_OF_THE_WORLD}."
+            )
+        return self
+
+    @property
+    def is_resolved(self) -> bool:
+        return not _is_rest(self.dp_shard_size)
+
+    @property
+    def total_size(self) -> int:
+        """Processes the mesh spans: the product of all sizes."""
+        return self.data_parallel_size * self.non_data_parallel_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Data-parallel ranks: groups of processes that each read their own batches."""
+        return self.dp_replicate_size * self._dp_shard_size
+
+    @property
+    def non_data_parallel_size(self) -> int:
+        """Processes that read the same batch: one tensor-parallel group."""
+        return self.tp_size * self.cp_size
+
+    @property
+    def dp_replicate_enabled(self) -> bool:
+        return self.dp_replicate_size > 1
+
+    @property
+    def dp_shard_enabled(self) -> bool:
+        return self._dp_shard_size > 1
+
+    @property
+    def fsdp_enabled(self) -> bool:
+        """Whether ``fully_shard`` has anything to shard across (``dp_shard_size > 1``)."""
+        return self.dp_shard_enabled
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp_size > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self.cp_size > 1
+
+    @property
+    def mesh_shape(self) -> tuple[int, int, int]:
+        """The mesh's sizes along :data:`MESH_DIM_NAMES`."""
+        return (self.dp_replicate_size, self._dp_shard_size, self.tp_size)
+
+    @property
+    def dp_dim_names(self) -> tuple[str, str]:
+        """The dimensions flattened into the ``"dp"`` submesh."""
+        return MESH_DIM_NAMES[:2]
+
+    @property
+    def fsdp_dim_names(self) -> tuple[str, ...]:
+        """The submesh to give ``fully_shard``: 2-D (replicate, shard) for HSDP, else the shard dimension."""
+        return MESH_DIM_NAMES[:2] if self.dp_replicate_enabled else MESH_DIM_NAMES[1:2]
+
+    def data_parallel_rank(self, rank: int) -> int:
+        """Which data-parallel rank global ``rank`` is (the same for every process of one TP group)."""
+        return rank // self.non_data_parallel_size
+
+    def tp_rank(self, rank: int) -> int:
+        """Global ``rank``'s place in its tensor-parallel group."""
+        return rank % self.tp_size
+
+    def build_device_mesh(self, device_type: str):
+        """The ``DeviceMesh`` of this (resolved) config over the default process group.
+
+        Dimensions are named :data:`MESH_DIM_NAMES`, with two flattened submeshes: ``"dp"`` (see
+        :func:`data_parallel_mesh`) and ``"dp_shard_tp"``, which DTensor finds by itself to reduce a
+        2-D sharded gradient's norm in one all-reduce rather than two. A collective: every process
+        must call it, in the same order relative to other collectives.
+
+        Args:
+            device_type: ``"cpu"`` or ``"cuda"`` (no index), as ``init_device_mesh`` takes it.
+
+        Returns:
+            A 3-D ``torch.distributed.device_mesh.DeviceMesh``.
+
+        Raises:
+            RuntimeError: There is no default process group, or it is not ``total_size`` processes.
+        """
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if not self.is_resolved:
+            raise RuntimeError("build_device_mesh needs a resolved ParallelismConfig; call resolve(world_size) first.")
+        # init_device_mesh would otherwise start a process group of its own from the environment.
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "build_device_mesh needs the default process group; initialise it first (Accelerator does)."
+            )
+        if dist.get_world_size() != self.total_size:
+            raise RuntimeError(
+                f"The mesh spans {self.total_size} processes but the process group has {dist.get_world_size()}; "
+                "resolve the ParallelismConfig against the group's world size."
+            )
+        mesh = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=MESH_DIM_NAMES)
+        # The flattened groups are created now, on every rank: creating one later on some ranks only would hang.
+        mesh[self.dp_dim_names]._flatten(DATA_PARALLEL_DIM_NAME)
+        mesh[MESH_DIM_NAMES[1:]]._flatten(SHARD_AND_TP_DIM_NAME)
+        return mesh
+
+    @property
+    def _dp_shard_size(self) -> int:
+        if not self.is_resolved:
+            raise RuntimeError(f"dp_shard_size={self.dp_shard_size!r} is unresolved; call resolve(world_size) first.")
+        return self.dp_shard_size
+
+
+def data_parallel_mesh(mesh):
+    """The 1-D submesh of ``mesh``'s data-parallel ranks: the processes that read different batches.
+
+    Args:
+        mesh: A mesh from :meth:`ParallelismConfig.build_device_mesh`, which made this submesh (on every
+            rank) already; this only looks it up.
+
+    Example:
+        >>> dp = data_parallel_mesh(mesh)
+        >>> dp.size(), dp.get_local_rank()  # the data loader's num_replicas and rank
+    """
+    return mesh[MESH_DIM_NAMES[:2]]._flatten(DATA_PARALLEL_DIM_NAME)
+
+
+def _is_rest(size: object) -> bool:
+    return size is None or size == REST_OF_THE_WORLD or (type(size) is int and size == -1)
+
+
+def _check_size(name: str, value: object) -> None:
+    if type(value) is not int or value < 1:  # type(): True is an int, but not a number of processes
+        extra = f", or {REST_OF_THE_WORLD}" if name == "dp_shard_size" else ""
+        raise ValueError(f"{name}={value!r} ({_CONFIG_KEYS[name]}) must be a whole number of at least 1{extra}.")

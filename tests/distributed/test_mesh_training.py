@@ -1,0 +1,135 @@
+"""The Accelerator on an N-D mesh (gloo): a GPT trained with tensor parallelism through prepare, its loaders,
+metrics and checkpoints, against one process on the same global batches.
+
+One 2-process run (tp=2) and one 2-process run (dp_shard=2) share the checkpoints made here and there.
+"""
+
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from runner.engine import Accelerator, FullyShardedDataParallelPlugin, ParallelismConfig
+from runner.models import GPT
+
+VOCAB, TIME, BATCH, SAMPLES = 65, 16, 4, 48
+STEPS, SAVED_AT = 12, 8  # 12 batches of 4: one epoch
+
+
+def _gpt() -> GPT:
+    torch.manual_seed(0)
+    return GPT(VOCAB, block_size=TIME, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+
+
+def _data() -> TensorDataset:
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(VOCAB, (SAMPLES, TIME + 1), generator=generator)
+    return TensorDataset(tokens[:, :-1], tokens[:, 1:], torch.arange(SAMPLES))
+
+
+def _prepared(accelerator: Accelerator, batch_size: int = BATCH):
+    """The GPT, its AdamW and a loader of ``batch_size`` per data-parallel rank."""
+    model = _gpt()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loader = DataLoader(_data(), batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(2))
+    return accelerator.prepare(model, optimizer, loader)
+
+
+def _steps(accelerator, model, optimizer, batches, count: int) -> tuple[list[float], list[int]]:
+    """``count`` AdamW steps with clipping; each step's loss, and the sample indices this rank trained on."""
+    losses, seen = [], []
+    for _ in range(count):
+        idx, targets, index = next(batches)
+        _, loss = model(idx, targets)
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(model.parameters(), max_norm=1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(accelerator.reduce(loss.detach(), reduction="mean").item())
+        seen.extend(index.tolist())
+    return losses, seen
+
+
+def _one() -> Accelerator:
+    return Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+
+
+def _tp() -> Accelerator:
+    return Accelerator(parallelism_config=ParallelismConfig(tp_size=2))
+
+
+def _run(new_accelerator, directory: Path) -> dict:
+    """Train to SAVED_AT, save, train to the end of the epoch; then resume the saved state and take one step."""
+    accelerator = new_accelerator()
+    model, optimizer, loader = _prepared(accelerator)
+    batches = iter(loader)
+    losses, seen = _steps(accelerator, model, optimizer, batches, SAVED_AT)
+    accelerator.save_state(directory / "saved")
+    rest, rest_seen = _steps(accelerator, model, optimizer, batches, STEPS - SAVED_AT)
+    gathered = accelerator.gather_for_metrics(torch.tensor(seen + rest_seen))
+    mesh, qkv = accelerator.torch_device_mesh, model.blocks[0].attn.qkv.weight
+    resumed = _load_and_step(new_accelerator(), directory / "saved")
+    return {
+        "losses": losses + rest,
+        "resumed": resumed["losses"],
+        "seen": seen + rest_seen,
+        "resumed_seen": resumed["seen"],
+        "gathered": sorted(gathered.tolist()),
+        "mesh": None if mesh is None else (mesh.mesh_dim_names, tuple(mesh.shape)),
+        "split": tuple(getattr(qkv, "_local_tensor", qkv).shape),
+    }
+
+
+def _load_and_step(accelerator: Accelerator, checkpoint: Path, batch_size: int = BATCH) -> dict:
+    model, optimizer, loader = _prepared(accelerator, batch_size)
+    accelerator.load_state(checkpoint)
+    losses, seen = _steps(accelerator, model, optimizer, iter(loader), 1)
+    return {"losses": losses, "seen": seen, "weights": accelerator.get_state_dict(model)}
+
+
+def _tensor_parallel(directory: str) -> dict:
+    result = _run(_tp, Path(directory) / "tp")
+    result["from_one_process"] = _load_and_step(_tp(), Path(directory) / "one" / "saved")["losses"]
+    return result
+
+
+def _sharded(directory: str) -> dict:
+    accelerator = Accelerator(
+        fsdp_plugin=FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Block"]),
+        parallelism_config=ParallelismConfig(dp_shard_size="auto"),
+    )
+    # Two data-parallel ranks of half the batch each: the same global batch of BATCH samples.
+    result = _load_and_step(accelerator, Path(directory) / "tp" / "saved", batch_size=BATCH // 2)
+    result["weights"] = None
+    return result
+
+
+def test_tensor_parallel_training_matches_one_process_and_its_checkpoints_reshard(launch, tmp_path):
+    # One process, the same global batches: the reference run, and a checkpoint for the TP run to load.
+    one = _run(_one, tmp_path / "one")
+
+    first, second = launch(_tensor_parallel, str(tmp_path))
+    assert first["mesh"] == (("dp_replicate", "dp_shard", "tp"), (1, 1, 2))
+    assert first["split"] == (3 * 32 // 2, 32)  # each rank holds 2 of the 4 heads' q, k and v rows
+    for result in (first, second):
+        # The TP group sees the whole global batch: the same samples in the same order as one process.
+        assert result["seen"] == one["seen"] and result["resumed_seen"] == one["resumed_seen"]
+        assert result["gathered"] == list(range(SAMPLES))  # one entry per sample: no TP rank counted twice
+        torch.testing.assert_close(result["losses"], one["losses"], rtol=0, atol=1e-5)
+        # Saved with tp=2, resumed with tp=2: the next step is the one the uninterrupted run took.
+        assert result["resumed"] == [result["losses"][SAVED_AT]]
+        # Saved by one process, resumed with tp=2.
+        torch.testing.assert_close(result["from_one_process"], [one["losses"][SAVED_AT]], rtol=0, atol=1e-5)
+    assert first["losses"] == second["losses"]
+
+    # Saved with tp=2, resumed on one process, and with dp_shard=2 (FSDP2).
+    alone = _load_and_step(_one(), tmp_path / "tp" / "saved")
+    torch.testing.assert_close(alone["losses"], [first["losses"][SAVED_AT]], rtol=0, atol=1e-5)
+    assert alone["seen"] == one["resumed_seen"]
+    assert all(type(value) is torch.Tensor for value in alone["weights"].values())  # the plain model's weights
+    assert sorted(alone["weights"]) == sorted(_gpt().state_dict())
+
+    main, other = launch(_sharded, str(tmp_path))
+    for result in (main, other):
+        torch.testing.assert_close(result["losses"], [first["losses"][SAVED_AT]], rtol=0, atol=1e-5)
+    assert sorted(main["seen"] + other["seen"]) == sorted(one["resumed_seen"])  # the batch split in two
