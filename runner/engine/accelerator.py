@@ -334,7 +334,12 @@ class Accelerator:
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
-        prepared = AcceleratedOptimizer(optimizer, gradient_state=self.gradient_state, scaler=self.scaler)
+        prepared = AcceleratedOptimizer(
+            optimizer,
+            gradient_state=self.gradient_state,
+            scaler=self.scaler,
+            sharded_gradients=self._strategy.name == "fsdp" and self.num_processes > 1,
+        )
         self._optimizers.append(prepared)
         return prepared
 

@@ -87,11 +87,20 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         *,
         gradient_state: GradientState,
         scaler: torch.amp.GradScaler | None = None,
+        sharded_gradients: bool = False,
     ) -> None:
+        """
+        Args:
+            sharded_gradients: Each process holds a shard of the gradients (FSDP, tensor parallelism): an
+                inf/NaN in one shard must skip the step on every process, so the scaler's verdicts are
+                all-reduced (the DTensor check torch runs reduces only over the placements of the first
+                gradient it sees, which misses the others' when a replicated one comes first).
+        """
         # Deliberately not calling Optimizer.__init__: this object is a view on `optimizer`.
         self.optimizer = optimizer
         self.gradient_state = gradient_state
         self.scaler = scaler
+        self.sharded_gradients = sharded_gradients
         self.unscaled = False
         self.steps = 0  # optimizer steps taken or skipped by the scaler: one per syncing step() call
         self._step_was_skipped = False
@@ -148,6 +157,15 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if self.scaler is not None and not self.unscaled:
             self.scaler.unscale_(self.optimizer)
             self.unscaled = True
+            if self.sharded_gradients:
+                self._agree_on_overflow()
+
+    def _agree_on_overflow(self) -> None:
+        import torch.distributed as dist
+
+        found = self.scaler._per_optimizer_states[id(self.optimizer)]["found_inf_per_device"]
+        for verdict in found.values():  # one per device: the same number of tensors on every process
+            dist.all_reduce(verdict, op=dist.ReduceOp.MAX)
 
     def step(self, closure=None) -> None:
         if not self.gradient_state.sync_gradients:
@@ -158,6 +176,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self._step_was_skipped = False
             return
         self._inner_step_called = False
+        self.unscale_gradients()  # every process's verdict on inf/NaN gradients, before the scaler acts on it
         self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
         self.scaler.update()
         self.unscaled = False

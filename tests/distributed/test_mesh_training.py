@@ -133,3 +133,32 @@ def test_tensor_parallel_training_matches_one_process_and_its_checkpoints_reshar
     for result in (main, other):
         torch.testing.assert_close(result["losses"], [first["losses"][SAVED_AT]], rtol=0, atol=1e-5)
     assert sorted(main["seen"] + other["seen"]) == sorted(one["resumed_seen"])  # the batch split in two
+
+
+def _overflow_on_one_rank() -> dict:
+    """fp16 loss scaling under tp=2: an inf in one rank's shard of a gradient must skip the step on both."""
+    accelerator = Accelerator(mixed_precision="fp16", parallelism_config=ParallelismConfig(tp_size=2))
+    model, optimizer, loader = _prepared(accelerator)
+    idx, targets, _ = next(iter(loader))
+    skipped = []
+    for poison in (False, True, False):
+        before = {name: p.detach().full_tensor().clone() for name, p in model.named_parameters()}
+        _, loss = model(idx, targets)
+        accelerator.backward(loss)
+        if poison and accelerator.process_index == 1:
+            model.blocks[0].mlp.fc.weight.grad.to_local()[0, 0] = float("inf")
+        optimizer.step()
+        optimizer.zero_grad()
+        changed = [
+            name for name, p in model.named_parameters() if not torch.equal(p.detach().full_tensor(), before[name])
+        ]
+        skipped.append((accelerator.optimizer_step_was_skipped, len(changed)))
+    return {"skipped": skipped, "scale": accelerator.scaler.get_scale(), "parameters": len(before)}
+
+
+def test_an_overflow_in_one_tensor_parallel_shard_skips_the_step_on_every_rank(launch):
+    for result in launch(_overflow_on_one_rank):
+        (first, first_changed), (poisoned, poisoned_changed), (after, after_changed) = result["skipped"]
+        assert (first, poisoned, after) == (False, True, False)
+        assert first_changed == after_changed == result["parameters"] and poisoned_changed == 0
+        assert result["scale"] == 2.0**16 / 2  # halved once, by the one overflow
