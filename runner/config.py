@@ -27,6 +27,9 @@ TRUST_KEY = "trust_resume"  # the override that accepts the code of a run folder
 MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 CHECKSUM_CHOICES = ("xxh3_128", "sha256")  # runner.engine.manifest.CHECKSUMS, without importing the engine
 STRATEGIES = ("none", "ddp", "fsdp")
+# The mesh of parallel=fsdp, as runner.engine.ParallelismConfig takes it, without importing the engine:
+DP_SHARD_AUTO = "auto"  # parallel.dp_shard: the processes the other sizes leave (mesh.REST_OF_THE_WORLD)
+TP_STYLES = ("colwise", "rowwise", "sequence")  # parallel.tp_plan's values (tensor_parallel.STYLE_NAMES)
 TRACKERS = ("tensorboard", "none")
 # Built-in recipes by name; ``classification`` is the supervised loop under its earlier name.
 RECIPES = {
@@ -185,6 +188,14 @@ class FSDPConfig:
     cpu_offload: bool = False
     activation_checkpointing: bool = False
     state_dict: str = "sharded"  # sharded (every rank writes its shards) or full (gathered to rank 0)
+    # The device mesh, dp_replicate x dp_shard x tp processes (runner.engine.ParallelismConfig).
+    dp_replicate: int = 1  # HSDP: groups that each hold a whole sharded copy of the model
+    dp_shard: Any = DP_SHARD_AUTO  # an int, or "auto": the world size over dp_replicate * tp
+    tp: int = 1  # tensor parallelism: processes that split each layer (and see the same batches)
+    cp: int = 1  # context parallelism: not supported yet
+    # Module-name pattern -> colwise/rowwise/sequence; null: the model's own. Any, not dict[str, str] | None:
+    # OmegaConf cannot set a mapping on the command line into a typed dict that is null.
+    tp_plan: Any = None
 
 
 # -------------------------------------------------------------------------------------------- the root

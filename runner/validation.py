@@ -20,12 +20,15 @@ from runner.config import (
     CHAR_CORPUS,
     CHECKSUM_CHOICES,
     DIRECTIONS,
+    DP_SHARD_AUTO,
     MIXED_PRECISION_CHOICES,
     MODEL_COMPUTES_LOSS,
     RECIPES,
     STRATEGIES,
+    TP_STYLES,
     TRACKERS,
     ConfigError,
+    FSDPConfig,
     GPTConfig,
 )
 
@@ -50,7 +53,10 @@ def _at_least(cfg: DictConfig, key: str, minimum: int | float, *, optional: bool
 
 
 def _choice(cfg: DictConfig, key: str, choices: tuple[str, ...]) -> None:
-    value = OmegaConf.select(cfg, key)
+    _one_of(key, OmegaConf.select(cfg, key), choices)
+
+
+def _one_of(key: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         close = difflib.get_close_matches(str(value), choices, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -98,6 +104,7 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "parallel.strategy", STRATEGIES)
     if cfg.parallel.strategy == "fsdp":
         _choice(cfg, "parallel.state_dict", ("sharded", "full"))
+        _check_mesh(cfg)
     several = (processes != "auto" and processes > 1) or cfg.trainer.num_nodes > 1
     if several and cfg.parallel.strategy == "none":
         raise ConfigError(
@@ -136,6 +143,77 @@ def _check_option_values(cfg: DictConfig) -> None:
     bucket = OmegaConf.select(cfg, "parallel.bucket_cap_mb")
     if isinstance(bucket, (int, float)) and bucket <= 0:
         raise ConfigError(f"parallel.bucket_cap_mb={bucket} must be positive (DDP's gradient bucket size in MiB).")
+
+
+def _mesh_value(cfg: DictConfig, key: str) -> Any:
+    """``parallel.<key>`` of parallel=fsdp; the schema's default for a run saved before the mesh keys existed."""
+    return OmegaConf.select(cfg, f"parallel.{key}", default=getattr(FSDPConfig, key))
+
+
+def _check_mesh(cfg: DictConfig) -> None:
+    """parallel=fsdp's device mesh, by the rules of ``runner.engine.ParallelismConfig`` (which would import
+    torch): whole sizes whose product is the number of processes, no context parallelism, known tensor-parallel
+    styles, and whole attention heads on each process of a tensor-parallel group."""
+    sizes = {key: _mesh_value(cfg, key) for key in ("dp_replicate", "dp_shard", "tp", "cp")}
+    for key, value in sizes.items():
+        if key == "dp_shard" and value == DP_SHARD_AUTO:
+            continue
+        if type(value) is not int or value < 1:  # type(): true is an int, but not a number of processes
+            auto = f", or {DP_SHARD_AUTO} (the processes parallel.dp_replicate and parallel.tp leave)"
+            raise ConfigError(
+                f"parallel.{key}={value!r} must be a whole number of at least 1{auto if key == 'dp_shard' else ''}."
+            )
+    if sizes["cp"] > 1:
+        raise ConfigError(f"parallel.cp={sizes['cp']}: context parallelism is not supported yet; set parallel.cp=1.")
+    _check_world_size(cfg, sizes)
+    plan = _mesh_value(cfg, "tp_plan")
+    if plan is not None and not isinstance(plan, DictConfig):
+        raise ConfigError(
+            f"parallel.tp_plan={plan!r} must map module-name patterns to styles, e.g. "
+            "'parallel.tp_plan={blocks.*.mlp.fc:colwise,blocks.*.mlp.proj:rowwise}', or be null for the model's own "
+            "tp_plan."
+        )
+    for pattern, style in (plan or {}).items():
+        _one_of(f"parallel.tp_plan[{pattern!r}]", style, TP_STYLES)
+    if plan is None and sizes["tp"] > 1:  # a plan of the user's own may leave the attention whole
+        _check_whole_heads(cfg, sizes["tp"])
+
+
+def _check_world_size(cfg: DictConfig, sizes: dict[str, Any]) -> None:
+    """dp_replicate * dp_shard * tp is the number of processes (with dp_shard=auto: the others divide it)."""
+    processes, nodes = cfg.trainer.num_processes, cfg.trainer.num_nodes
+    if processes == "auto":  # one per GPU: counted in each worker, which resolves the mesh itself
+        return
+    world = processes * nodes
+    plural = "es" if world > 1 else ""
+    launched = f"the {world} process{plural} (trainer.num_processes={processes} x trainer.num_nodes={nodes})"
+    replicate, shard, tp = sizes["dp_replicate"], sizes["dp_shard"], sizes["tp"]
+    if shard == DP_SHARD_AUTO and world % (replicate * tp):
+        raise ConfigError(
+            f"parallel.dp_shard={DP_SHARD_AUTO} needs parallel.dp_replicate * parallel.tp = {replicate} * {tp} = "
+            f"{replicate * tp} to divide {launched}; choose parallel.dp_replicate and parallel.tp whose product "
+            f"divides {world}, or change trainer.num_processes."
+        )
+    if shard != DP_SHARD_AUTO and replicate * shard * tp != world:
+        raise ConfigError(
+            f"parallel.dp_replicate * parallel.dp_shard * parallel.tp = {replicate} * {shard} * {tp} = "
+            f"{replicate * shard * tp} does not match {launched}; set parallel.dp_shard={DP_SHARD_AUTO}, or sizes "
+            f"whose product is {world}."
+        )
+
+
+def _check_whole_heads(cfg: DictConfig, tp: int) -> None:
+    """The model's own plan (GPT.tp_plan) splits attention by heads and the MLP by features of n_embd."""
+    heads, width = OmegaConf.select(cfg, "model.n_head"), OmegaConf.select(cfg, "model.n_embd")
+    if not (type(heads) is int and heads >= 1 and type(width) is int and width >= 1):
+        return  # not a GPT's sizes (the engine checks each split layer when it applies the plan)
+    if heads % tp or width % tp:
+        fitting = [str(size) for size in range(1, heads + 1) if heads % size == 0 and width % size == 0]
+        raise ConfigError(
+            f"parallel.tp={tp} must divide model.n_head={heads} and model.n_embd={width}, since each process of a "
+            f"tensor-parallel group holds whole attention heads; choose parallel.tp from {', '.join(fitting)}, or "
+            "resize the model."
+        )
 
 
 def _is_node(value: Any) -> bool:

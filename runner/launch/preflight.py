@@ -134,7 +134,12 @@ def check_construction(cfg) -> None:
         with torch.device("meta"):
             parameters = [torch.nn.Parameter(torch.empty(1))]
             if RECIPES.get(cfg.recipe) == RECIPES["supervised"] and not _reads_weights(cfg.model):
-                parameters = list(build(cfg.model, key="model").parameters()) or parameters
+                model = build(cfg.model, key="model")
+                _check_tp_plan(cfg, model)
+                parameters = list(model.parameters()) or parameters
+            elif RECIPES.get(cfg.recipe) == RECIPES["language_model"] and not _reads_weights(cfg.model):
+                # Its vocabulary comes from the data; the plan's layers do not depend on its size.
+                _check_tp_plan(cfg, build(cfg.model, key="model", vocab_size=_STAND_IN_VOCABULARY))
             optimizer = build_optimizer(cfg.optimizer, parameters)
             build_scheduler(cfg.scheduler, optimizer, cfg.trainer.max_steps or 1)
             build_loss(cfg.loss)
@@ -145,6 +150,30 @@ def check_construction(cfg) -> None:
         raise
     except Exception:  # anything else shows in the real build, with its traceback if it is a bug
         return
+
+
+_STAND_IN_VOCABULARY = 256
+
+
+def _check_tp_plan(cfg, model) -> None:
+    """Under tensor parallelism, the plan (``parallel.tp_plan``, or the model's own) fits the model: every pattern
+    names a layer that splits, into whole heads and features for ``parallel.tp`` processes."""
+    tp = OmegaConf.select(cfg, "parallel.tp", default=1)
+    if OmegaConf.select(cfg, "parallel.strategy") != "fsdp" or tp == 1:
+        return
+    from runner.engine.parallel.tensor_parallel import check_tp_plan, default_tp_plan
+
+    plan = OmegaConf.select(cfg, "parallel.tp_plan")
+    plan = OmegaConf.to_container(plan) if plan is not None else default_tp_plan(model)
+    if not plan:
+        raise ConfigError(
+            f"parallel.tp={tp} needs a tensor-parallel plan, and {type(model).__name__} has no tp_plan attribute; set "
+            "parallel.tp_plan (module-name patterns to colwise, rowwise or sequence)."
+        )
+    try:
+        check_tp_plan(model, plan, tp)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _reads_weights(node) -> bool:

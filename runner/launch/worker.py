@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from runner import preemption
+from runner.config import FSDPConfig
 from runner.launch.environment import LaunchEnvironment
 from runner.layout import CONFIG_FILE, LOG_FILE, LOGS_DIR, OVERRIDES_FILE
 from runner.startup import stamp
@@ -39,21 +40,32 @@ def configure_logging(*, rank: int, log_file: Path | None) -> None:
 
 
 def build_accelerator(cfg: DictConfig):
-    """The Accelerator the config describes (precision, accumulation, project folder, tracker, DDP/FSDP options)."""
+    """The Accelerator the config describes (precision, accumulation, project folder, tracker, DDP/FSDP options,
+    and under FSDP the device mesh: data-parallel replicas x shards x tensor parallelism)."""
     from runner.engine import (
         Accelerator,
         DataLoaderConfiguration,
         DistributedDataParallelKwargs,
         FullyShardedDataParallelPlugin,
+        ParallelismConfig,
         ProjectConfiguration,
     )
 
     project_dir = Path(cfg.project.project_dir)
-    handlers, fsdp_plugin = [], None
+    handlers, fsdp_plugin, parallelism_config = [], None, None
     options = {k: v for k, v in OmegaConf.to_container(cfg.parallel).items() if k != "strategy"}
     if cfg.parallel.strategy == "ddp":
         handlers.append(DistributedDataParallelKwargs(**options))
     elif cfg.parallel.strategy == "fsdp":
+        # A run saved before the mesh keys existed has none: the schema's defaults are plain FSDP.
+        mesh = {**OmegaConf.to_container(OmegaConf.structured(FSDPConfig)), **options}
+        parallelism_config = ParallelismConfig(
+            dp_replicate_size=mesh["dp_replicate"],
+            dp_shard_size=mesh["dp_shard"],
+            tp_size=mesh["tp"],
+            cp_size=mesh["cp"],
+            tp_plan=dict(mesh["tp_plan"]) if mesh["tp_plan"] else None,
+        )
         fsdp_plugin = FullyShardedDataParallelPlugin(
             transformer_cls_names_to_wrap=list(options["shard_modules"]),
             reshard_after_forward=options["reshard_after_forward"],
@@ -80,6 +92,7 @@ def build_accelerator(cfg: DictConfig):
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
         kwargs_handlers=handlers,
         fsdp_plugin=fsdp_plugin,
+        parallelism_config=parallelism_config,
     )
 
 

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -127,3 +128,41 @@ def test_two_process_language_models_learn_and_evaluate_every_window(tmp_path, e
         resumed = run_cli(f"resume={run}", "trainer.max_steps=12", cwd=tmp_path)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert metrics(run)["step"] == 12 and "Resumed at step 10" in (run / "run.log").read_text()
+
+
+def test_tensor_parallel_gpt_trains_and_saves_the_full_plain_model(tmp_path):
+    run = tmp_path / "run"
+    args = [*lm_args("shakespeare_gpt_tp"), "trainer.checkpoint_every_n_steps=5"]
+    result = run_cli(*args, "trainer.max_steps=10", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = metrics(run)
+    assert summary["step"] == 10 and math.isfinite(summary["eval/loss"]), summary
+    train_losses = [float(value) for value in re.findall(r"train/loss (\S+)", (run / "run.log").read_text())]
+    assert len(train_losses) == 2 and all(math.isfinite(loss) for loss in train_losses), train_losses
+
+    # model.safetensors is the whole model (no shards of the tp dimension): a 1-process GPT's shapes.
+    saved = load_file(run / "model" / "model.safetensors")
+    plain = GPT(65, **TINY).state_dict()
+    assert set(saved) <= set(plain) and {k: v.shape for k, v in saved.items()} == {k: plain[k].shape for k in saved}
+    assert saved["blocks.0.attn.qkv.weight"].shape == (3 * TINY["n_embd"], TINY["n_embd"])
+    # Loaded into a plain GPT it computes the logged eval loss: the TP group's one batch, every window once.
+    assert eval_loss(final_model(run)) == pytest.approx(summary["eval/loss"], abs=1e-4)
+    # Both processes of the TP group read the same batches: the weights of one process's run on the same data.
+    single = tmp_path / "single"
+    done = run_cli(*lm_args(), "trainer.max_steps=10", f"hydra.run.dir={single}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = load_file(single / "model" / "model.safetensors")
+    assert expected.keys() == saved.keys()
+    for name, tensor in saved.items():
+        # 1e-7 apart here; FSDP on 2 processes (each its own batch) ends 2e-2 apart.
+        torch.testing.assert_close(
+            tensor, expected[name], atol=1e-4, rtol=0, msg=lambda text, name=name: f"{name}: {text}"
+        )
+
+    for checkpoint, step in (("checkpoint_0", 5), ("checkpoint_1", 10)):
+        manifest = json.loads((run / "checkpoints" / checkpoint / "manifest.json").read_text())
+        assert (manifest["world_size"], manifest["step"]) == (2, step), manifest
+    # The sharded checkpoint reshards onto another mesh: plain FSDP over the same 2 processes.
+    resumed = run_cli(f"resume={run}", "trainer.max_steps=12", "parallel.tp=1", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert metrics(run)["step"] == 12 and "Resumed at step 10" in (run / "run.log").read_text()

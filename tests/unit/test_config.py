@@ -1,11 +1,14 @@
 """Every YAML under conf/ composes and validates; bad keys, types and values get one sentence."""
 
+import itertools
+import os
+
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from runner.cli.check import check_overrides
-from runner.config import CONF_DIR, ConfigError, register_configs
+from runner.config import CONF_DIR, DP_SHARD_AUTO, TP_STYLES, ConfigError, RunnerConfig, register_configs
 from runner.validation import validate
 
 register_configs()
@@ -39,7 +42,8 @@ EXPERIMENT_MODELS = {"shakespeare_gpt": "runner.models.GPT", "shakespeare_hf": "
 
 
 @pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS)
-def test_every_yaml_composes_and_validates(group, option):
+def test_every_yaml_composes_and_validates(group, option, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)  # a preset may want more cores than this machine has (hsdp: 4)
     expected, overrides = "runner.models.MnistCNN", []
     if group == "experiment":
         expected = next((model for name, model in EXPERIMENT_MODELS.items() if option.startswith(name)), expected)
@@ -163,3 +167,103 @@ def test_more_processes_than_gpus_is_refused_before_anything_starts(monkeypatch)
     )
     check_devices(composed("experiment=mnist_ddp", "trainer.cpu=true"))  # gloo on the CPU: any number
     check_devices(composed("experiment=mnist"))
+
+
+def _fsdp(*overrides: str) -> list[str]:
+    return ["experiment=mnist_fsdp", f"data.root={MNIST}", *overrides]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (_fsdp("parallel.tp=0"), "parallel.tp=0 must be a whole number of at least 1."),
+        (_fsdp("parallel.dp_replicate=-1"), "parallel.dp_replicate=-1 must be a whole number of at least 1."),
+        (
+            _fsdp("parallel.dp_shard=0"),
+            "parallel.dp_shard=0 must be a whole number of at least 1, or auto (the processes parallel.dp_replicate "
+            "and parallel.tp leave).",
+        ),
+        (
+            _fsdp("parallel.dp_shard=half"),
+            "parallel.dp_shard='half' must be a whole number of at least 1, or auto (the processes "
+            "parallel.dp_replicate and parallel.tp leave).",
+        ),
+        (
+            _fsdp("parallel.dp_shard=1.5"),
+            "parallel.dp_shard=1.5 must be a whole number of at least 1, or auto (the processes parallel.dp_replicate "
+            "and parallel.tp leave).",
+        ),
+        (_fsdp("parallel.cp=2"), "parallel.cp=2: context parallelism is not supported yet; set parallel.cp=1."),
+        (
+            _fsdp("parallel.dp_shard=2", "parallel.tp=2"),
+            "parallel.dp_replicate * parallel.dp_shard * parallel.tp = 1 * 2 * 2 = 4 does not match the 2 processes "
+            "(trainer.num_processes=2 x trainer.num_nodes=1); set parallel.dp_shard=auto, or sizes whose product is 2.",
+        ),
+        (
+            _fsdp("parallel.dp_replicate=3"),
+            "parallel.dp_shard=auto needs parallel.dp_replicate * parallel.tp = 3 * 1 = 3 to divide the 2 processes "
+            "(trainer.num_processes=2 x trainer.num_nodes=1); choose parallel.dp_replicate and parallel.tp whose "
+            "product divides 2, or change trainer.num_processes.",
+        ),
+        (
+            _fsdp("trainer.num_processes=1", "parallel.tp=2"),
+            "parallel.dp_shard=auto needs parallel.dp_replicate * parallel.tp = 1 * 2 = 2 to divide the 1 process "
+            "(trainer.num_processes=1 x trainer.num_nodes=1); choose parallel.dp_replicate and parallel.tp whose "
+            "product divides 1, or change trainer.num_processes.",
+        ),
+        (
+            _fsdp("parallel.tp_plan={fc1:colwize}"),
+            "parallel.tp_plan['fc1']='colwize' is not supported (did you mean 'colwise'?); use one of colwise, "
+            "rowwise, sequence.",
+        ),
+        (
+            _fsdp("parallel.tp_plan=colwise"),
+            "parallel.tp_plan='colwise' must map module-name patterns to styles, e.g. "
+            "'parallel.tp_plan={blocks.*.mlp.fc:colwise,blocks.*.mlp.proj:rowwise}', or be null for the model's own "
+            "tp_plan.",
+        ),
+        (
+            ["parallel=ddp", "trainer.num_processes=2", "parallel.tp=2"],
+            "parallel.tp is not a key of 'parallel'; `python -m runner --cfg job` lists every key.",
+        ),  # only parallel=fsdp has a mesh
+    ],
+)
+def test_bad_meshes_get_one_sentence_naming_the_keys(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        check_overrides(overrides, targets=False)
+    assert str(info.value) == message
+
+
+def test_a_mesh_is_valid_exactly_when_the_engine_resolves_it(monkeypatch):
+    from runner.engine import ParallelismConfig
+    from runner.engine.parallel.mesh import REST_OF_THE_WORLD
+    from runner.engine.parallel.tensor_parallel import STYLE_NAMES
+
+    assert (DP_SHARD_AUTO, TP_STYLES) == (REST_OF_THE_WORLD, STYLE_NAMES)  # mirrored without importing the engine
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    cfg = composed("experiment=mnist_fsdp")
+    for replicate, shard, tp, world in itertools.product([1, 2, 3], ["auto", 1, 2, 3], [1, 2, 4], [1, 2, 4, 6, 8]):
+        if (replicate, shard, tp) == (1, 1, 1) and world > 1:
+            continue  # the engine takes it for plain replication (Accelerate's rule); the config asks for dp_shard
+        for key, value in {"dp_replicate": replicate, "dp_shard": shard, "tp": tp}.items():
+            OmegaConf.update(cfg, f"parallel.{key}", value)
+        cfg.trainer.num_processes = world
+        try:
+            ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=shard, tp_size=tp).resolve(world)
+            resolves = True
+        except ValueError:
+            resolves = False
+        try:
+            validate(cfg)
+            valid = True
+        except ConfigError:
+            valid = False
+        assert valid == resolves, (replicate, shard, tp, world)
+
+
+def test_an_fsdp_config_saved_before_the_mesh_keys_is_still_valid():
+    saved = OmegaConf.to_container(composed("experiment=mnist_fsdp"))
+    saved["parallel"] = {k: v for k, v in saved["parallel"].items() if k not in ("dp_replicate", "dp_shard", "tp")}
+    cfg = OmegaConf.merge(OmegaConf.structured(RunnerConfig), saved)  # as resume reads a run's config
+    OmegaConf.set_struct(cfg, True)
+    validate(cfg)

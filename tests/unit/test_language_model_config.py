@@ -17,7 +17,13 @@ def composed(*overrides: str):
 
 @pytest.mark.parametrize(
     ("experiment", "processes", "strategy"),
-    [("shakespeare_gpt", 1, "none"), ("shakespeare_gpt_ddp", 2, "ddp"), ("shakespeare_gpt_fsdp", 2, "fsdp")],
+    [
+        ("shakespeare_gpt", 1, "none"),
+        ("shakespeare_gpt_ddp", 2, "ddp"),
+        ("shakespeare_gpt_fsdp", 2, "fsdp"),
+        ("shakespeare_gpt_tp", 2, "fsdp"),
+        ("shakespeare_gpt_hsdp", 4, "fsdp"),
+    ],
 )
 def test_shakespeare_experiments(experiment, processes, strategy):
     cfg = composed(f"experiment={experiment}")
@@ -33,6 +39,17 @@ def test_shakespeare_experiments(experiment, processes, strategy):
     assert cfg.trainer.compile is False and "vocab_size" not in cfg.model  # the dataset supplies it
     if strategy == "fsdp":
         assert list(cfg.parallel.shard_modules) == ["Block"]
+        assert (cfg.parallel.dp_shard, cfg.parallel.cp, cfg.parallel.tp_plan) == ("auto", 1, None)  # GPT.tp_plan
+
+
+def test_the_mesh_presets_split_their_processes_as_their_headers_say():
+    tp, hsdp = composed("experiment=shakespeare_gpt_tp"), composed("experiment=shakespeare_gpt_hsdp")
+    assert (tp.parallel.dp_replicate, tp.parallel.tp) == (1, 2)  # 2 processes: one TP group, dp_shard=auto=1
+    assert (hsdp.parallel.dp_replicate, hsdp.parallel.tp) == (2, 1)  # 4 processes: 2 replicas x 2 shards
+    single = composed("experiment=shakespeare_gpt")
+    # A TP group reads one batch: the same windows per step as one process; HSDP's 4 ranks read 4 batches a step.
+    assert tp.trainer.max_steps * tp.data.batch_size == single.trainer.max_steps * single.data.batch_size
+    assert 4 * hsdp.trainer.max_steps * hsdp.data.batch_size == single.trainer.max_steps * single.data.batch_size
 
 
 def test_the_two_process_experiments_see_as_many_windows_as_the_single_one():
@@ -58,6 +75,16 @@ def test_trainer_compile_defaults_off_and_mnist_configs_stay_valid():
             "model.n_embd=100 must be a positive multiple of model.n_head=3.",
         ),
         (["experiment=shakespeare_gpt", "model.block_size=0"], "model.block_size=0 must be at least 1."),
+        (
+            ["experiment=shakespeare_gpt_tp", "model.n_head=1"],
+            "parallel.tp=2 must divide model.n_head=1 and model.n_embd=128, since each process of a tensor-parallel "
+            "group holds whole attention heads; choose parallel.tp from 1, or resize the model.",
+        ),
+        (
+            ["experiment=shakespeare_gpt_tp", "model.n_head=3", "model.n_embd=96"],
+            "parallel.tp=2 must divide model.n_head=3 and model.n_embd=96, since each process of a tensor-parallel "
+            "group holds whole attention heads; choose parallel.tp from 1, 3, or resize the model.",
+        ),
         (["experiment=shakespeare_gpt", "model.dropout=1.0"], "model.dropout=1.0 must be at least 0 and below 1."),
         (["experiment=shakespeare_gpt", "model.vocab_size=10"], "model.vocab_size is not a key of 'model'"),
         (

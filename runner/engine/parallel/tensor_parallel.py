@@ -108,12 +108,23 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, plan: Mapping[str, Any]) ->
         raise ValueError(
             f"apply_tensor_parallel needs a 1-D mesh such as mesh['tp'], not one of shape {tp_mesh.shape}."
         )
-    styles = resolve_tp_plan(model, plan)
-    _check_ties(model, styles)
-    _check_divisible(model, styles, tp_mesh.size())
+    styles = check_tp_plan(model, plan, tp_mesh.size())
     parallelize_module(model, tp_mesh, styles)
     _replicate_the_rest(model, tp_mesh)
     return model
+
+
+def check_tp_plan(model: nn.Module, plan: Mapping[str, Any], tp: int) -> dict[str, Any]:
+    """:func:`resolve_tp_plan`, and the checks :func:`apply_tensor_parallel` makes for ``tp`` processes, with no
+    mesh or process group: the runner checks a plan this way before it launches, on a model on the meta device.
+
+    Raises:
+        ValueError: As :func:`apply_tensor_parallel`.
+    """
+    styles = resolve_tp_plan(model, plan)
+    _check_ties(model, styles)
+    _check_divisible(model, styles, tp)
+    return styles
 
 
 def _matches(pattern: str, name: str) -> bool:

@@ -57,3 +57,25 @@ class ReadsItsWeights(nn.Module):
         self.scale = nn.Parameter(torch.ones(1))
         if self.scale.item() != 1.0:  # Tensor.item() cannot be called on meta tensors
             raise ValueError("unreachable")
+
+
+def _tensor_parallel(plan=None, tp=2, **model):
+    gpt = {"_target_": "runner.models.GPT", "block_size": 8, "n_layer": 2, "n_head": 2, "n_embd": 8, **model}
+    parallel = {"strategy": "fsdp", "tp": tp, "tp_plan": plan}
+    return _run_config(gpt, recipe="language_model", parallel=parallel)
+
+
+def test_a_tensor_parallel_plan_is_checked_against_the_model_before_launch():
+    check_construction(_tensor_parallel())  # GPT's own plan, 2 heads on 2 processes
+    check_construction(_tensor_parallel({"blocks.*.mlp.fc": "colwise", "blocks.*.mlp.proj": "rowwise"}))
+    with pytest.raises(ConfigError) as error:
+        check_construction(_tensor_parallel({"blocks.*.attn.nope": "colwise"}))
+    assert str(error.value) == (
+        "parallel.tp_plan pattern 'blocks.*.attn.nope' matches no module of the model (it has e.g. blocks.0.attn.qkv, "
+        "blocks.0.attn.proj, blocks.0.mlp.fc, blocks.0.mlp.proj); fix parallel.tp_plan."
+    )
+    with pytest.raises(ConfigError, match=r"^blocks.0.attn has n_head=3 attention heads, which parallel.tp=2 does not"):
+        check_construction(_tensor_parallel(n_head=3, n_embd=12))
+    with pytest.raises(ConfigError, match=r"^parallel.tp=2 needs a tensor-parallel plan, and Linear has no tp_plan"):
+        check_construction(_run_config({"_target_": "torch.nn.Linear", "in_features": 2, "out_features": 2},
+                                       parallel={"strategy": "fsdp", "tp": 2, "tp_plan": None}))  # fmt: skip

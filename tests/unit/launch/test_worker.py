@@ -1,12 +1,14 @@
-"""The runner's own save hook: which processes write the config, overrides and signature into a checkpoint."""
+"""What each worker builds from the config: its Accelerator's settings, and the runner's own save hook (which
+processes write the config, overrides and signature into a checkpoint)."""
 
 from types import SimpleNamespace
 
 import pytest
+from omegaconf import OmegaConf
 
 from runner import provenance
-from runner.engine import ProjectConfiguration
-from runner.launch.worker import record_config_in_checkpoints
+from runner.engine import ParallelismConfig, ProjectConfiguration
+from runner.launch.worker import build_accelerator, record_config_in_checkpoints
 from runner.layout import CONFIG_FILE, OVERRIDES_FILE
 
 
@@ -39,3 +41,38 @@ def test_the_config_is_written_by_rank_0_or_by_each_node_under_save_on_each_node
     assert written == ({CONFIG_FILE, OVERRIDES_FILE, provenance.SIGNATURE_FILE} if writes else set())
     if writes:
         assert provenance.signed_by_you(tmp_path)
+
+
+def _accelerator_arguments(monkeypatch, tmp_path, *overrides: str, drop: tuple[str, ...] = ()) -> dict:
+    """The keywords build_accelerator gives Accelerator for a composed config (no Accelerator is built)."""
+    from hydra import compose, initialize_config_dir
+
+    import runner.engine
+    from runner.config import CONF_DIR, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[*overrides, f"project.project_dir={tmp_path}"])
+    if drop:  # the config of a run saved before these keys existed, as resume reads it (parallel untyped)
+        saved = OmegaConf.to_container(cfg)
+        cfg = OmegaConf.create({**saved, "parallel": {k: v for k, v in saved["parallel"].items() if k not in drop}})
+    monkeypatch.setattr(runner.engine, "Accelerator", lambda **kwargs: kwargs)
+    return build_accelerator(cfg)
+
+
+def test_fsdp_runs_get_the_mesh_of_their_parallel_keys(monkeypatch, tmp_path):
+    plan = "parallel.tp_plan={blocks.*.mlp.fc:colwise}"
+    arguments = _accelerator_arguments(monkeypatch, tmp_path, "experiment=shakespeare_gpt_hsdp", "parallel.tp=2", plan)
+    assert arguments["parallelism_config"] == ParallelismConfig(
+        dp_replicate_size=2, dp_shard_size="auto", tp_size=2, cp_size=1, tp_plan={"blocks.*.mlp.fc": "colwise"}
+    )
+    assert arguments["fsdp_plugin"].transformer_cls_names_to_wrap == ["Block"]
+    tp = _accelerator_arguments(monkeypatch, tmp_path, "experiment=shakespeare_gpt_tp")["parallelism_config"]
+    assert tp == ParallelismConfig(dp_shard_size="auto", tp_size=2)  # tp_plan None: GPT.tp_plan
+    assert _accelerator_arguments(monkeypatch, tmp_path, "experiment=mnist_ddp")["parallelism_config"] is None
+
+
+def test_an_fsdp_run_saved_before_the_mesh_keys_gets_plain_fsdp(monkeypatch, tmp_path):
+    mesh_keys = ("dp_replicate", "dp_shard", "tp", "cp", "tp_plan")
+    arguments = _accelerator_arguments(monkeypatch, tmp_path, "experiment=mnist_fsdp", drop=mesh_keys)
+    assert arguments["parallelism_config"] == ParallelismConfig(dp_shard_size="auto")
