@@ -87,9 +87,26 @@ def _load_and_step(accelerator: Accelerator, checkpoint: Path, batch_size: int =
     return {"losses": losses, "seen": seen, "weights": accelerator.get_state_dict(model)}
 
 
+def _accumulated(accelerator: Accelerator, steps: int = 2) -> list[float]:
+    """``steps`` optimizer steps of two accumulated micro-batches of BATCH // 2 (the loss of each micro-batch)."""
+    model, optimizer, loader = _prepared(accelerator, batch_size=BATCH // 2)
+    losses = []
+    for (idx, targets, _), _ in zip(loader, range(2 * steps), strict=False):
+        with accelerator.accumulate(model):
+            _, loss = model(idx, targets)
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), max_norm=1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
 def _tensor_parallel(directory: str) -> dict:
     result = _run(_tp, Path(directory) / "tp")
     result["from_one_process"] = _load_and_step(_tp(), Path(directory) / "one" / "saved")["losses"]
+    accumulating = Accelerator(gradient_accumulation_steps=2, parallelism_config=ParallelismConfig(tp_size=2))
+    result["accumulated"] = _accumulated(accumulating)
     return result
 
 
@@ -107,6 +124,7 @@ def _sharded(directory: str) -> dict:
 def test_tensor_parallel_training_matches_one_process_and_its_checkpoints_reshard(launch, tmp_path):
     # One process, the same global batches: the reference run, and a checkpoint for the TP run to load.
     one = _run(_one, tmp_path / "one")
+    one["accumulated"] = _accumulated(Accelerator(gradient_accumulation_steps=2))
 
     first, second = launch(_tensor_parallel, str(tmp_path))
     assert first["mesh"] == (("dp_replicate", "dp_shard", "tp"), (1, 1, 2))
@@ -120,6 +138,8 @@ def test_tensor_parallel_training_matches_one_process_and_its_checkpoints_reshar
         assert result["resumed"] == [result["losses"][SAVED_AT]]
         # Saved by one process, resumed with tp=2.
         torch.testing.assert_close(result["from_one_process"], [one["losses"][SAVED_AT]], rtol=0, atol=1e-5)
+        # Accumulation: the micro-batches' gradients add up on the split layers as on whole ones.
+        torch.testing.assert_close(result["accumulated"], one["accumulated"], rtol=0, atol=1e-5)
     assert first["losses"] == second["losses"]
 
     # Saved with tp=2, resumed on one process, and with dp_shard=2 (FSDP2).
@@ -162,3 +182,27 @@ def test_an_overflow_in_one_tensor_parallel_shard_skips_the_step_on_every_rank(l
         assert (first, poisoned, after) == (False, True, False)
         assert first_changed == after_changed == result["parameters"] and poisoned_changed == 0
         assert result["scale"] == 2.0**16 / 2  # halved once, by the one overflow
+
+
+def _hybrid_sharded() -> dict:
+    """HSDP on 4 processes (2 replicas x 2 shards), one sample per process: the global batch of BATCH."""
+    accelerator = Accelerator(
+        fsdp_plugin=FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Block"]),
+        parallelism_config=ParallelismConfig(dp_replicate_size=2, dp_shard_size=2),
+    )
+    model, optimizer, loader = _prepared(accelerator, batch_size=BATCH // 4)
+    losses, seen = _steps(accelerator, model, optimizer, iter(loader), 4)
+    mesh = accelerator.torch_device_mesh
+    placements = [str(p) for p in model.blocks[0].attn.qkv.weight.placements]
+    return {"losses": losses, "seen": seen, "mesh": (mesh.mesh_dim_names, tuple(mesh.shape)), "placements": placements}
+
+
+def test_hybrid_sharding_on_four_processes_trains_as_one_process(launch):
+    model, optimizer, loader = _prepared(Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin()))
+    reference, reference_seen = _steps(Accelerator(), model, optimizer, iter(loader), 4)
+    results = launch(_hybrid_sharded, nproc=4)
+    for result in results:
+        assert result["mesh"] == (("dp_replicate", "dp_shard", "tp"), (2, 2, 1))
+        assert result["placements"] == ["R", "S(0)"]  # replicated across copies, sharded within
+        torch.testing.assert_close(result["losses"], reference, rtol=0, atol=1e-5)
+    assert sorted(sum((result["seen"] for result in results), [])) == sorted(reference_seen)
