@@ -21,8 +21,10 @@ medians, and ratios as the headline (absolute times on these VMs wander by 2x).
 3. Resume on 2 processes: the checkpoint above loaded by 2 gloo CPU processes, against 1 process
    started the same way (``debug_launcher``, OMP_NUM_THREADS=1); inside the workers, after a barrier,
    ``load_state`` is timed as in row 2 (the slowest rank's), then the baseline load of row 2 into the
-   same live tensors. Each worker counts the bytes it hashes (wrapping ``manifest.slice_digest``):
-   together the ranks must hash every listed byte exactly once, which is asserted.
+   same live tensors, then ``load_state`` again: the first allocates the optimizer's moments (the
+   fresh process holds none), the second copies into them, as the baseline does. Each worker counts
+   the bytes it hashes (wrapping ``manifest.slice_digest``): together the ranks must hash every
+   listed byte exactly once, which is asserted.
 4. Async save: how long ``save_state(dir, async_save=True)`` blocks, against cloning the same tensors
    in memory and against merely zeroing as many fresh bytes; ``wait_for_checkpoint()`` (the
    background write, hash, fsync and commit) is timed apart.
@@ -230,7 +232,11 @@ def resume_worker(checkpoint: str, baseline: str, width: int, depth: int) -> dic
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(model)
     files = seconds(lambda: load_baseline(unwrapped, optimizer.optimizer, Path(baseline)))
-    return {"rank": accelerator.process_index, "load_file": files, **loaded}
+    accelerator.wait_for_everyone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        again = timed_load_state(accelerator, Path(checkpoint))["load_state"]  # into the tensors the first left
+    return {"rank": accelerator.process_index, "load_file": files, **loaded, "again": again}
 
 
 def resumes(facts: dict, width: int, depth: int, rounds: int) -> dict[int, list[list[dict]]]:
@@ -298,6 +304,7 @@ def report_resume(report: Report, resumed: dict[int, list[list[dict]]], megabyte
     report.note("3. Resume: inside debug_launcher workers, the slowest rank, 1 vs 2 processes")
     labels = {"load_state": "load_state", **{part: f"  of which {part}" for part in LOAD_PARTS}}
     labels["load_file"] = "load_file + copy"
+    labels["again"] = "load_state again"
     slowest = {
         (processes, key): statistics.median(max(worker[key] for worker in run) for run in runs)
         for processes, runs in resumed.items()
@@ -315,6 +322,7 @@ def report_resume(report: Report, resumed: dict[int, list[list[dict]]], megabyte
     report.value("listed in the manifest (MB)", megabytes, "MB")
     report.ratio("load_state, 2 processes / 1 process", slowest[2, "load_state"] / slowest[1, "load_state"], "<= 1.2x")
     report.ratio("load_file + copy, 2 processes / 1 process", slowest[2, "load_file"] / slowest[1, "load_file"])
+    report.ratio("load_state again, 2 processes / 1 process", slowest[2, "again"] / slowest[1, "again"])
 
 
 def report_async(rows: Rows) -> None:
