@@ -118,6 +118,8 @@ def _sharded(directory: str) -> dict:
     # Two data-parallel ranks of half the batch each: the same global batch of BATCH samples.
     result = _load_and_step(accelerator, Path(directory) / "tp" / "saved", batch_size=BATCH // 2)
     result["weights"] = None
+    mesh = accelerator.torch_device_mesh
+    result["mesh"] = (mesh.mesh_dim_names, tuple(mesh.shape))
     return result
 
 
@@ -151,6 +153,7 @@ def test_tensor_parallel_training_matches_one_process_and_its_checkpoints_reshar
 
     main, other = launch(_sharded, str(tmp_path))
     for result in (main, other):
+        assert result["mesh"] == (("dp_shard",), (2,))  # plain FSDP: one dimension
         torch.testing.assert_close(result["losses"], [first["losses"][SAVED_AT]], rtol=0, atol=1e-5)
     assert sorted(main["seen"] + other["seen"]) == sorted(one["resumed_seen"])  # the batch split in two
 

@@ -98,23 +98,19 @@ class FSDPStrategy:
         self.plugin = plugin
         self.param_dtype = param_dtype  # from mixed_precision: the dtype units compute in, or None
         self.parallelism = parallelism
-        self._device_mesh = None
         # Shards through DCP, or whole states gathered to rank 0 (see runner.engine.sharded_state).
         self.checkpoint_format = "dcp" if plugin.state_dict_type == "SHARDED_STATE_DICT" else "safetensors"
+        # Built now, while every process constructs its Accelerator: building it later, on first use, is a
+        # collective that one process asking alone (for accelerator.torch_device_mesh, say) would hang in.
+        self.device_mesh = self._build_mesh() if env.is_distributed else None
 
-    @property
-    def device_mesh(self):
-        """The run's ``DeviceMesh`` (built on first use, a collective), or None on one process."""
-        if self._device_mesh is None and self.env.is_distributed:
-            if self.parallelism is None:
-                from torch.distributed.device_mesh import init_device_mesh
+    def _build_mesh(self):
+        """The run's ``DeviceMesh``: the parallelism config's, or FSDP's 1-D ``("dp_shard",)`` over every process."""
+        if self.parallelism is not None:
+            return self.parallelism.build_device_mesh(self.env.device.type)
+        from torch.distributed.device_mesh import init_device_mesh
 
-                self._device_mesh = init_device_mesh(
-                    self.env.device.type, (self.env.world_size,), mesh_dim_names=("dp_shard",)
-                )
-            else:
-                self._device_mesh = self.parallelism.build_device_mesh(self.env.device.type)
-        return self._device_mesh
+        return init_device_mesh(self.env.device.type, (self.env.world_size,), mesh_dim_names=("dp_shard",))
 
     def _shard_mesh(self):
         if self.parallelism is None:
