@@ -61,8 +61,6 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
         ([f"resume={not_a_checkpoint}"], 2, str(not_a_checkpoint)),
         ([f"resume={corrupted}/checkpoints/checkpoint_1"], 2, "optimizer.bin does not match its xxh3_128 digest "
          "in the manifest (bytes 0-"),
-        ([f"resume={run}", "model.hidden=64", "trainer.max_steps=8"], 1, "model.safetensors does not fit the "
-         "prepared model"),
         ([*common, "project.project_dir=/proc/runner-test"], 2, "project.project_dir=/proc/runner-test cannot be "
          "written"),
         ([*common, "parallel=ddp", "trainer.num_nodes=2", f"trainer.rdzv_endpoint=127.0.0.1:{port}",
@@ -100,12 +98,6 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
         (["parallel=ddp", "parallel.bucket_cap_mb=-1"], "parallel.bucket_cap_mb=-1 must be positive"),
         (["project.iteration=-1"], "project.iteration=-1 must be at least 0."),
     ]  # fmt: skip
-    for arguments, code, sentence in cases:
-        result = run_cli(*arguments, cwd=tmp_path)
-        _assert_one_sentence(arguments, result.returncode, result.stderr, code, sentence)
-    busy.close()
-    commands = [[*common, *arguments, f"hydra.run.dir={tmp_path / f'refused_{i}'}"] for i, (arguments, _) in
-                enumerate(before_launch)]  # fmt: skip
     # A manifest rewritten with its digest recomputed (as whoever crafts a folder would): each field is checked.
     crafted = {
         "step": lambda manifest: manifest.update(step="ten"),
@@ -114,16 +106,29 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
     for field, edit in crafted.items():
         shutil.copytree(run, tmp_path / field)
         rewrite_manifest(tmp_path / field / "checkpoints" / "checkpoint_1", edit)
-    commands += [[f"resume={tmp_path / field / 'checkpoints' / 'checkpoint_1'}"] for field in crafted]
-    sentences = [sentence for _, sentence in before_launch] + [
-        "manifest.json: step is 'ten', not a non-negative integer or null; the manifest is damaged, so load a "
-        "different checkpoint.",
-        "manifest.json: dataloaders[0].samples_seen is -64, not a non-negative integer; the manifest is damaged",
+    refusals = cases + [
+        ([*common, *arguments, f"hydra.run.dir={tmp_path / f'refused_{i}'}"], 2, sentence)
+        for i, (arguments, sentence) in enumerate(before_launch)
     ]
-    results = run_cli_refusals(commands, cwd=tmp_path)
-    for command, sentence, result in zip(commands, sentences, results, strict=True):
-        _assert_one_sentence(command, result["returncode"], result["stderr"], 2, sentence)
+    refusals += [
+        ([f"resume={tmp_path / 'step' / 'checkpoints' / 'checkpoint_1'}"], 2, "manifest.json: step is 'ten', not a "
+         "non-negative integer or null; the manifest is damaged, so load a different checkpoint."),
+        ([f"resume={tmp_path / 'samples_seen' / 'checkpoints' / 'checkpoint_1'}"], 2, "manifest.json: "
+         "dataloaders[0].samples_seen is -64, not a non-negative integer; the manifest is damaged"),
+    ]  # fmt: skip
+    # Each is refused before a run starts: one Python process takes them all through the entry point (torch is
+    # imported once), as a user's `runner` would.
+    results = run_cli_refusals([arguments for arguments, _, _ in refusals], cwd=tmp_path)
+    for (arguments, code, sentence), result in zip(refusals, results, strict=True):
+        _assert_one_sentence(arguments, result["returncode"], result["stderr"], code, sentence)
+    busy.close()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("refused_")]  # nothing was written
+
+    # A checkpoint of another model is found out once the workers load it, as a user runs it.
+    other_model = [f"resume={run}", "model.hidden=64", "trainer.max_steps=8"]
+    result = run_cli(*other_model, cwd=tmp_path)
+    sentence = "model.safetensors does not fit the prepared model"
+    _assert_one_sentence(other_model, result.returncode, result.stderr, 1, sentence)
 
     # An edited manifest is damage like any other: a run folder resumes from the checkpoint before it.
     fallback = tmp_path / "edited"
