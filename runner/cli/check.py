@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -45,13 +46,19 @@ def check_plugins(overrides: list[str]) -> None:
 
 
 def check_overrides(
-    overrides: list[str], *, config_name: str = CONFIG_NAME, config_dir: str | None = None, targets: bool = True
+    overrides: list[str],
+    *,
+    config_name: str = CONFIG_NAME,
+    config_dir: str | None = None,
+    targets: bool = True,
+    before_targets: Callable[[DictConfig], None] | None = None,
 ) -> DictConfig:
     """Compose the config once with ``overrides`` (sweeps reduced to their first value); returns it.
 
     With ``targets`` every ``_target_`` is also imported and its keys checked against its signature,
     and the datasets are prepared (``prepare_data``: fetched or checked). That imports the user's
-    modules and torch, so it comes only once the rest of the command line is valid.
+    modules and torch, so it comes only once the rest of the command line is valid, after
+    ``before_targets(cfg)``.
 
     Raises:
         ConfigError: One sentence naming the bad key, value or option, with the closest valid key.
@@ -77,6 +84,8 @@ def check_overrides(
         raise ConfigError(f"{unknown[0]} is not a config key; remove it (valid top-level keys: {', '.join(valid)}).")
     validate(cfg)
     if targets:
+        if before_targets is not None:
+            before_targets(cfg)
         _check_targets_and_data(cfg)
     if not cfg.resume:
         check_hardware(cfg)

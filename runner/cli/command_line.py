@@ -20,6 +20,7 @@ from runner.cli.run_folder import check_run_folders
 from runner.cli.search_path import search_path_entries
 from runner.config import CONFIG_NAME, ConfigError
 from runner.launch import slurm
+from runner.launch.elastic import prepare_workers
 from runner.launch.environment import LaunchEnvironment
 from runner.overrides import hydra_value
 
@@ -81,8 +82,10 @@ def read(args: argparse.Namespace, argv: list[str], environment: LaunchEnvironme
     check_plugins(overrides)
     checked = False
     if not args.config_path:
+        # A single run that starts workers here starts the process they fork from while the targets are checked.
+        workers = None if command.multirun or environment.inside_launched_group else prepare_workers
         cfg = check_overrides(overrides, config_name=command.config_name, config_dir=command.config_dir,
-                              targets=not args.cfg)  # fmt: skip
+                              targets=not args.cfg, before_targets=workers)  # fmt: skip
         checked = not args.cfg
         if command.resume is not None:
             resumes.check_extent(command.resume.checkpoint, cfg, path=command.resume.path)

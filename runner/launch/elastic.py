@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 from runner import preemption
+from runner.launch import forkserver
 from runner.launch.environment import LaunchEnvironment
 
 logger = logging.getLogger("runner")
@@ -33,6 +34,20 @@ def resolve_num_processes(value: Any, *, cpu: bool) -> int:
     return max(1, torch.cuda.device_count())
 
 
+def starts_workers(trainer: Any) -> bool:
+    """Whether a run with these ``trainer`` settings starts its processes here, through the elastic agent (when
+    this process is not one of a launched group already)."""
+    num_processes = resolve_num_processes(trainer["num_processes"], cpu=trainer["cpu"])
+    return not (num_processes == 1 and trainer["num_nodes"] == 1)
+
+
+def prepare_workers(cfg: Any) -> None:
+    """Before the checks: a run that will start workers here starts the process they are forked from, which
+    imports torch meanwhile (see :mod:`runner.launch.forkserver`)."""
+    if starts_workers(cfg.trainer):
+        forkserver.start()
+
+
 def launch(config: dict[str, Any], overrides: list[str], *, environment: LaunchEnvironment) -> float | None:
     """Run the training described by ``config`` and return rank 0's objective.
 
@@ -42,11 +57,10 @@ def launch(config: dict[str, Any], overrides: list[str], *, environment: LaunchE
     from runner.launch.worker import run_worker
 
     trainer = config["trainer"]
-    num_processes = resolve_num_processes(trainer["num_processes"], cpu=trainer["cpu"])
-    num_nodes = trainer["num_nodes"]
-    if environment.inside_launched_group or (num_processes == 1 and num_nodes == 1):
+    if environment.inside_launched_group or not starts_workers(trainer):
         return run_worker(config, overrides, environment=environment)
-    return _elastic_launch(config, overrides, num_processes=num_processes, num_nodes=num_nodes)
+    num_processes = resolve_num_processes(trainer["num_processes"], cpu=trainer["cpu"])
+    return _elastic_launch(config, overrides, num_processes=num_processes, num_nodes=trainer["num_nodes"])
 
 
 def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_processes: int, num_nodes: int):
@@ -63,10 +77,13 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
     )
     # torch's agent stops the workers gracefully on SIGTERM (they save and exit); SIGUSR1 means the same.
     previous = signal.signal(signal.SIGUSR1, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+    # Forked from the server started before the checks, when there is one (a sweep's jobs are spawned).
+    start_method = "forkserver" if forkserver.started() else "spawn"
     try:
         results = elastic_run(
-            run_worker_process,
+            forkserver.entry(run_worker_process) if forkserver.started() else run_worker_process,
             (config, overrides),
+            start_method=start_method,
             num_processes=num_processes,
             # Port 0 lets the rendezvous pick a free port, so concurrent runs and sweep jobs never clash.
             rdzv_endpoint=trainer["rdzv_endpoint"] or "127.0.0.1:0",

@@ -20,6 +20,16 @@ def _start(args, cwd):
     return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _workers(launcher: int) -> list[int]:
+    """The training processes of the run ``launcher`` started, oldest first: the children of its forkserver."""
+
+    def children(pid: int, pattern: str | None = None) -> list[int]:
+        found = subprocess.run(["pgrep", "-P", str(pid), *(["-f", pattern] if pattern else [])], capture_output=True)
+        return sorted(map(int, found.stdout.split()))
+
+    return [worker for server in children(launcher, "multiprocessing.forkserver") for worker in children(server)]
+
+
 def _wait_for_training(run, process, timeout=120):
     deadline = time.monotonic() + timeout
     while "Start-up: first optimizer step" not in ((run / "run.log").read_text() if (run / "run.log").exists() else ""):
@@ -88,9 +98,7 @@ def test_sigusr1_to_a_single_process_run_saves_and_resumes_exactly(tmp_path):
 
 def test_sigterm_to_one_worker_stops_every_rank_at_the_same_step(tmp_path, uninterrupted_ddp):
     def stop(pid):
-        workers = subprocess.run(["pgrep", "-P", str(pid), "-f", "spawn_main"], capture_output=True, text=True)
-        worker = int(workers.stdout.split()[-1])  # the last rank started
-        os.kill(worker, signal.SIGTERM)
+        os.kill(_workers(pid)[-1], signal.SIGTERM)  # the last rank started
 
     records = _preempt_and_resume(tmp_path, DDP_RUN, stop, uninterrupted_ddp, "a stop signal to the workers")
     assert len(records) == 1 and records[0]["step"] < 60 and records[0]["step"] % 10 == 0
@@ -105,8 +113,7 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_p
     while not (cut / "checkpoints" / "checkpoint_1" / "manifest.json").exists():
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
         time.sleep(0.05)
-    workers = subprocess.run(["pgrep", "-P", str(process.pid), "-f", "spawn_main"], capture_output=True, text=True)
-    os.kill(int(workers.stdout.split()[0]), signal.SIGKILL)
+    os.kill(_workers(process.pid)[0], signal.SIGKILL)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr[-3000:]
     log = (cut / "run.log").read_text()
@@ -123,8 +130,7 @@ def test_a_worker_that_keeps_dying_fails_the_run_naming_its_rank(tmp_path):
         tmp_path,
     )  # fmt: skip
     _wait_for_training(tmp_path / "run", process)
-    workers = subprocess.run(["pgrep", "-P", str(process.pid), "-f", "spawn_main"], capture_output=True, text=True)
-    os.kill(int(workers.stdout.split()[-1]), signal.SIGKILL)
+    os.kill(_workers(process.pid)[-1], signal.SIGKILL)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 1
     assert stderr.strip().splitlines()[-1].startswith("runner: error: Worker rank 1 failed: ")

@@ -70,6 +70,14 @@ def test_mnist_ddp_with_fp16_scales_its_loss_and_says_what_it_costs_on_the_cpu(t
     log = (run / "run.log").read_text()
     assert "distributed_type=MULTI_CPU, num_processes=2" in log and "mixed_precision=fp16" in log
     assert "rank 1" not in log  # only rank 0 writes the run's log
+    # The workers were forked from the preloaded server, in the environment of the launch: the launching process's
+    # phases, stamped after the server started, reached them.
+    phases = re.search(r"Start-up: first optimizer step [\d.]+ s after the command \((.*)\)", log).group(1)
+    assert [part.rsplit(" ", 2)[0] for part in phases.split(", ")][:2] == [
+        "check the command line",
+        "compose with Hydra",
+    ]
+    assert "start workers" in phases
 
 
 def test_multirun_of_two_ddp_jobs(tmp_path):

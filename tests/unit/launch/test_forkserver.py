@@ -1,0 +1,31 @@
+"""Workers forked from the preloaded server run in the launching process's environment of the launch."""
+
+import os
+import pickle
+
+from runner.launch import forkserver
+
+
+def _environment() -> dict[str, str]:
+    return dict(os.environ)
+
+
+def test_a_forked_worker_takes_the_launch_environment_and_keeps_what_the_agent_set_for_its_rank(monkeypatch):
+    server = {"PATH": "/bin", "STALE": "1", "SHARED": "server"}  # when the server started
+    launched = {"PATH": "/bin", "SHARED": "launch", "RUNNER_STARTUP": "check=1.0"}  # at the launch, later
+    agent = {"RANK": "1", "OMP_NUM_THREADS": "1", "PATH": "/agent/bin"}  # set in the worker for its rank
+    monkeypatch.setattr(os, "environ", {**server, **agent})  # what a forked worker holds before it runs
+    monkeypatch.setattr(forkserver, "_server_environment", server)
+    got = forkserver._run_in_launch_environment(_environment, launched, server)
+    assert got == {"PATH": "/agent/bin", "SHARED": "launch", "RUNNER_STARTUP": "check=1.0", "RANK": "1",
+                   "OMP_NUM_THREADS": "1"}  # fmt: skip
+
+
+def test_the_entry_is_named_after_the_function_and_pickles_with_the_environment_of_the_call(monkeypatch):
+    monkeypatch.setattr(forkserver, "_server_environment", {"A": "server"})
+    monkeypatch.setenv("RUNNER_TEST_LAUNCH", "at the call")
+    entry = forkserver.entry(_environment)
+    monkeypatch.setenv("RUNNER_TEST_LAUNCH", "changed after")
+    assert entry.__name__ == "_environment"  # torch's agent names the job after it
+    restored = pickle.loads(pickle.dumps(entry))  # how the agent hands it to the server
+    assert restored.args[1]["RUNNER_TEST_LAUNCH"] == "at the call" and restored.args[2] == {"A": "server"}
