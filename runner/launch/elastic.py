@@ -77,13 +77,14 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
     )
     # torch's agent stops the workers gracefully on SIGTERM (they save and exit); SIGUSR1 means the same.
     previous = signal.signal(signal.SIGUSR1, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
-    # Forked from the server started before the checks, when there is one (a sweep's jobs are spawned).
-    start_method = "forkserver" if forkserver.started() else "spawn"
+    # Forked from the server started before the checks; a sweep's first job starts it here, and its later jobs
+    # fork from it too. elastic_run hands each worker the environment of this launch.
+    forkserver.start()
     try:
         results = elastic_run(
-            forkserver.entry(run_worker_process) if forkserver.started() else run_worker_process,
+            run_worker_process,
             (config, overrides),
-            start_method=start_method,
+            start_method="forkserver",
             num_processes=num_processes,
             # Port 0 lets the rendezvous pick a free port, so concurrent runs and sweep jobs never clash.
             rdzv_endpoint=trainer["rdzv_endpoint"] or "127.0.0.1:0",

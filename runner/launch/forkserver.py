@@ -1,61 +1,25 @@
-"""Workers forked from a process that has already imported torch, so that a multi-process run starts them at once.
+"""The forkserver of a multi-process run, started before the launching process's checks import torch.
 
-Each worker of a multi-process run would otherwise import torch, ``torch._dynamo`` (which the first
-``torch.optim`` optimizer imports) and torchmetrics itself: seconds per worker, after the launching
-process has spent as long importing them for its checks. :func:`start` starts Python's forkserver
-(:mod:`multiprocessing.forkserver`) with those modules preloaded as soon as the config is known to
-start workers here, so that it imports them while the launching process checks the targets and
-constructors; torch's elastic agent then forks every worker, and every restarted one, from it
-(``start_method="forkserver"``). The server is a fresh interpreter, never a fork of the launching
-process: nothing it holds (CUDA, threads, open files) is shared with the workers.
-
-A forked worker inherits the server's environment, that of the moment it started. :func:`entry`
-hands each worker the launching process's environment at launch instead, with what the agent set
-for the worker's rank on top (see :func:`_run_in_launch_environment`), as a spawned worker has it.
+A run that starts its workers here forks them from Python's forkserver (:mod:`runner.engine.forkserver` says
+how, and how each worker takes the launch's environment). :func:`start` starts that server as soon as the config
+is known to start workers, with torch, ``torch._dynamo`` (which the first ``torch.optim`` optimizer imports),
+torchmetrics and the runner's worker preloaded in it, so that it imports them while the launching process checks
+the targets and constructors, which imports them too. This module imports nothing heavy itself: the server must
+start before torch is imported here.
 """
 
 from __future__ import annotations
 
-import functools
 import multiprocessing
-import os
-from collections.abc import Callable, Mapping
 from multiprocessing import forkserver
-from typing import Any
 
-PRELOAD = ("torch", "torch._dynamo", "torchmetrics", "runner.launch.worker", "runner.training")
-_server_environment: dict[str, str] | None = None  # this process's environment when it started the server
+# runner.engine.forkserver first: its environment snapshot is the server's (see there).
+PRELOAD = ("runner.engine.forkserver", "torch", "torch._dynamo", "torchmetrics", "runner.launch.worker",
+           "runner.training")  # fmt: skip
 
 
 def start() -> None:
-    """Start the forkserver with :data:`PRELOAD` imported in it (once per process; it imports in the background)."""
-    global _server_environment
-    if _server_environment is not None:
-        return
+    """Start the forkserver with :data:`PRELOAD` imported in it, unless it runs already (it imports in the background;
+    ``runner.engine.forkserver.start`` does the same, but importing it here would import torch first)."""
     multiprocessing.set_forkserver_preload(list(PRELOAD))  # the server skips any that does not import
-    _server_environment = dict(os.environ)
     forkserver.ensure_running()
-
-
-def started() -> bool:
-    """Whether :func:`start` started the server in this process."""
-    return _server_environment is not None
-
-
-def entry(function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function`` as the agent's workers run it from the server: in this process's environment of now."""
-    if _server_environment is None:
-        raise RuntimeError("forkserver.entry() needs forkserver.start() first.")
-    run = functools.partial(_run_in_launch_environment, function, dict(os.environ), _server_environment)
-    return functools.update_wrapper(run, function)  # the agent names the job after the function
-
-
-def _run_in_launch_environment(
-    function: Callable[..., Any], launched: Mapping[str, str], server: Mapping[str, str], *args: Any
-) -> Any:
-    """In a forked worker: the environment becomes ``launched`` plus what the elastic agent set for this rank (every
-    variable that differs from the server's environment ``server``), then ``function(*args)`` runs."""
-    set_for_this_rank = {name: value for name, value in os.environ.items() if server.get(name) != value}
-    os.environ.clear()
-    os.environ.update({**launched, **set_for_this_rank})
-    return function(*args)

@@ -1,5 +1,6 @@
 """notebook_launcher and debug_launcher start real process groups and hand back each rank's result."""
 
+import os
 import socket
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from runner.engine import Accelerator
+from runner.engine.constants import USE_CPU_ENV
 from runner.engine.launchers import debug_launcher, notebook_launcher
 
 
@@ -43,6 +45,26 @@ def test_debug_launcher_uses_the_cpu_and_reports_a_failing_rank(monkeypatch):
     assert debug_launcher(_describe, args=(0,)) == [(0, 2, "no", 1), (1, 2, "no", 1)]
     with pytest.raises(ChildFailedError, match="rank one gives up"):
         debug_launcher(_fail_on_rank_one)
+
+
+def _where_it_runs():
+    return (os.environ.get("RUNNER_TEST_LAUNCH"), os.environ["RANK"], os.environ.get(USE_CPU_ENV), os.getcwd(),
+            torch.get_num_threads(), os.getppid())  # fmt: skip
+
+
+def test_forkserver_workers_run_in_the_environment_and_folder_of_each_launch(monkeypatch, tmp_path):
+    here = os.getcwd()
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("RUNNER_TEST_LAUNCH", "first")
+    first = debug_launcher(_where_it_runs, start_method="forkserver")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("RUNNER_TEST_LAUNCH", "second")
+    monkeypatch.chdir(tmp_path)
+    second = debug_launcher(_where_it_runs, start_method="forkserver")
+    assert [worker[:5] for worker in first] == [("first", str(rank), "1", here, 2) for rank in (0, 1)]
+    assert [worker[:5] for worker in second] == [("second", str(rank), "1", str(tmp_path), 1) for rank in (0, 1)]
+    parents = {worker[5] for worker in first + second}
+    assert len(parents) == 1 and os.getpid() not in parents  # all four forked by one server, not by this process
 
 
 def test_notebook_launcher_takes_accelerates_rendezvous_arguments(monkeypatch):

@@ -3,7 +3,7 @@
 import os
 import pickle
 
-from runner.launch import forkserver
+from runner.engine import forkserver
 
 
 def _environment() -> dict[str, str]:
@@ -15,17 +15,16 @@ def test_a_forked_worker_takes_the_launch_environment_and_keeps_what_the_agent_s
     launched = {"PATH": "/bin", "SHARED": "launch", "RUNNER_STARTUP": "check=1.0"}  # at the launch, later
     agent = {"RANK": "1", "OMP_NUM_THREADS": "1", "PATH": "/agent/bin"}  # set in the worker for its rank
     monkeypatch.setattr(os, "environ", {**server, **agent})  # what a forked worker holds before it runs
-    monkeypatch.setattr(forkserver, "_server_environment", server)
-    got = forkserver._run_in_launch_environment(_environment, launched, server)
+    monkeypatch.setattr(forkserver, "_ENVIRONMENT_AT_IMPORT", server)  # the worker's copy of the module
+    got = forkserver._run_in_launch_environment(_environment, launched)
     assert got == {"PATH": "/agent/bin", "SHARED": "launch", "RUNNER_STARTUP": "check=1.0", "RANK": "1",
                    "OMP_NUM_THREADS": "1"}  # fmt: skip
 
 
 def test_the_entry_is_named_after_the_function_and_pickles_with_the_environment_of_the_call(monkeypatch):
-    monkeypatch.setattr(forkserver, "_server_environment", {"A": "server"})
     monkeypatch.setenv("RUNNER_TEST_LAUNCH", "at the call")
     entry = forkserver.entry(_environment)
     monkeypatch.setenv("RUNNER_TEST_LAUNCH", "changed after")
     assert entry.__name__ == "_environment"  # torch's agent names the job after it
     restored = pickle.loads(pickle.dumps(entry))  # how the agent hands it to the server
-    assert restored.args[1]["RUNNER_TEST_LAUNCH"] == "at the call" and restored.args[2] == {"A": "server"}
+    assert restored.args[1]["RUNNER_TEST_LAUNCH"] == "at the call"
