@@ -7,22 +7,19 @@ from typing import Any
 
 import pytest
 
-from runner.engine import forkserver
 from runner.engine.launchers import debug_launcher
-
-# What the workers of most tests import; the forkserver of each test process imports it once.
-PRELOAD = ("torch", "torch._dynamo", "torchmetrics", "runner.engine", "runner.training")
+from runner.launch import forkserver
 
 
 def launch_workers(fn: Callable[..., Any], *args: Any, nproc: int = 2) -> list[Any]:
     """Run ``fn(*args)`` on ``nproc`` local workers of one elastic job; return their results by rank.
 
     ``fn`` must be a module-level function (workers import it by name). The workers are forked
-    from a forkserver that has imported :data:`PRELOAD`, each in this process's environment of the
-    launch (as spawned workers would be, in a fraction of the time). A worker that raises fails the
-    test with that worker's traceback.
+    from the forkserver a run's workers fork from (one per test process, with the same modules
+    preloaded), each in this process's environment of the launch (as spawned workers would be, in a
+    fraction of the time). A worker that raises fails the test with that worker's traceback.
     """
-    forkserver.start(PRELOAD)
+    forkserver.start()
     return debug_launcher(fn, args, num_processes=nproc, start_method="forkserver")
 
 
