@@ -457,3 +457,24 @@ def test_checkpoint_saves_skip_the_zip_crc32_and_load_back_exactly_in_memory_of_
     with open(tmp_path / "without.bin", "r+b") as file:  # the file changed in place: the load kept its own copy
         file.write(bytes((tmp_path / "without.bin").stat().st_size))
     assert torch.equal(loaded["base"], torch.tensor([0.0, 1.0, 9.0, 3.0, 4.0, 5.0]))
+
+
+def test_torch_save_empties_only_a_file_that_holds_something(tmp_path, monkeypatch):
+    import os
+
+    truncated = []
+    real_ftruncate = os.ftruncate
+    monkeypatch.setattr(os, "ftruncate", lambda fd, length: (truncated.append(length), real_ftruncate(fd, length)))
+    obj = {"step": torch.tensor(3)}
+    torch_save(obj, tmp_path / "new.bin")
+    (tmp_path / "empty.bin").touch()
+    torch_save(obj, tmp_path / "empty.bin")
+    assert truncated == []  # a truncated file, even an empty one, is flushed on close by ext4: a stall
+    (tmp_path / "longer.bin").write_bytes(b"x" * 10**6)
+    torch_save(obj, tmp_path / "longer.bin")
+    assert truncated == [0]
+    assert (tmp_path / "longer.bin").read_bytes() == (tmp_path / "new.bin").read_bytes()
+    assert torch.equal(torch_load(tmp_path / "longer.bin")["step"], torch.tensor(3))
+    (tmp_path / "link.bin").symlink_to(tmp_path / "new.bin")
+    with pytest.raises(OSError, match="link.bin"):
+        torch_save(obj, tmp_path / "link.bin")
