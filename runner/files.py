@@ -4,8 +4,9 @@ A rename is atomic, but not durable by itself: until the file's data and the fol
 reach the disk, a crash can leave the old name, the new name pointing at an empty file, or nothing,
 depending on the filesystem. So every file the runner and the engine write goes through
 :func:`write_atomically`: a temporary name beside the target, the data flushed and fsynced, the
-rename, then the folder fsynced. A checkpoint folder is committed the same way, all at once:
-:func:`sync_tree` fsyncs every file and folder in it before the rename that makes it exist.
+rename, then the folder fsynced. A checkpoint folder is committed the same way, all at once: its
+files are written in place inside its staging folder, and :func:`sync_tree` fsyncs every file and
+folder in it before the rename that makes it exist.
 
 Nothing is ever written through a symbolic link: the temporary name is created afresh (a leftover
 one, or a link planted there, is removed first, never followed), and the rename replaces a link
@@ -36,9 +37,9 @@ def fsync_path(path: str | os.PathLike) -> None:
         return
     try:
         os.fsync(descriptor)
-    except OSError:  # EINVAL for a folder this filesystem does not sync; a file that cannot be synced failed
+    except OSError as error:  # EINVAL for a folder this filesystem does not sync; a file that cannot be synced failed
         if not is_folder:
-            raise
+            raise OSError(error.errno, error.strerror, str(path)) from None
     finally:
         os.close(descriptor)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,29 +29,39 @@ from runner.engine.ops import gather_object
 from runner.engine.prepared import PreparedObjects
 from runner.engine.rng import get_rng_state
 from runner.engine.serialization import save_safetensors, torch_save
-from runner.files import write_atomically
+from runner.files import fsync_path
 
 
-def _torch_save_atomically(obj: Any, path: Path) -> None:
-    write_atomically(path, lambda partial: torch_save(obj, partial, crc32=False))  # the manifest has its digest
+def _save_object(obj: Any, path: Path) -> None:
+    torch_save(obj, path, crc32=False)  # no CRC32: the manifest has its digest
 
 
 @dataclass(frozen=True)
 class StagingFolder:
     """The folder a checkpoint is written into before its commit: the ``CheckpointWriter`` the strategies
     write their state with. The engine's files and the strategies' go in through its methods (which
-    record what this rank wrote, for it to hash); the save hooks write under :attr:`path` directly."""
+    record what this rank wrote, for it to hash); the save hooks write under :attr:`path` directly.
+
+    The files are written in place: the folder is the unit that appears whole or not at all (its
+    commit fsyncs all of it, then renames it), so a file in it needs no rename of its own. Each file
+    is fsynced on a thread of this folder's as soon as it is written, so the disk writes one file
+    while the next is written and the written ones are hashed; :meth:`synced` waits for them.
+    """
 
     path: Path
     written: list[str] = field(default_factory=list)
+    _syncing: list[Future] = field(default_factory=list, repr=False, compare=False)
+    _syncer: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="runner-fsync"), repr=False, compare=False
+    )
 
     def save_tensors(self, tensors: Mapping[str, torch.Tensor], name: str) -> None:
         save_safetensors(tensors, self.path / name)
-        self.written.append(name)
+        self._wrote(name)
 
     def save_object(self, obj: Any, name: str) -> None:
-        _torch_save_atomically(obj, self.path / name)
-        self.written.append(name)
+        _save_object(obj, self.path / name)
+        self._wrote(name)
 
     def save_sharded(self, state: dict[str, Any], name: str) -> None:
         from runner.engine.sharded_state import save_dcp
@@ -59,9 +70,27 @@ class StagingFolder:
         self.written.extend(own_shards(self.path / name, self.path))
 
     def entries(self, checksum: str) -> dict[str, dict[str, Any]]:
-        """The manifest's entries (sizes and slice digests) of the files this rank wrote: each rank hashes its
-        own, while they are in its page cache, and rank 0 lists them (and hashes only what else is there)."""
-        return file_entries(self.path, self.written, checksum)
+        """The manifest's entries (sizes and slice digests) of the files this rank wrote, once they are on disk:
+        each rank hashes its own, while they are in its page cache, and rank 0 lists them (and hashes only what
+        else is there)."""
+        entries = file_entries(self.path, self.written, checksum)
+        self.synced()
+        return entries
+
+    def synced(self) -> None:
+        """Wait until every file written through this folder's methods is on disk.
+
+        Raises:
+            OSError: An fsync failed (the first such error; a disk that could not take the data, say).
+        """
+        pending, self._syncing[:] = list(self._syncing), []
+        wait(pending)
+        for future in pending:
+            future.result()
+
+    def _wrote(self, name: str) -> None:
+        self.written.append(name)
+        self._syncing.append(self._syncer.submit(fsync_path, self.path / name))
 
 
 def own_shards(folder: Path, staging: Path) -> list[str]:

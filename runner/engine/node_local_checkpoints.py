@@ -213,6 +213,7 @@ def save_training_state(
         if before_write is not None:
             before_write(staging.path)
         write_files(staging, prepared, models=models, weights=weights, mid_cycle=mid_cycle, writes_shared=owns)
+        staging.synced()
 
     fail.if_any(_attempt(write))  # every rank's files are on disk after it
 

@@ -169,13 +169,13 @@ def _one_rank_runs_out_of_space_in_the_background(directory):
     accelerator = Accelerator()
     model = accelerator.prepare(torch.nn.Linear(4, 4))
     accelerator.save_state(f"{directory}/before")
-    write = checkpoint_files._torch_save_atomically
+    write = checkpoint_files._save_object
     if accelerator.process_index == 1:
 
         def no_space(obj, path):
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-        checkpoint_files._torch_save_atomically = no_space  # rank 1 writes only its RNG state
+        checkpoint_files._save_object = no_space  # rank 1 writes only its RNG state
     accelerator.save_state(f"{directory}/ck", async_save=True)  # returns: the failure comes in the background
     try:
         accelerator.wait_for_checkpoint()
@@ -183,7 +183,7 @@ def _one_rank_runs_out_of_space_in_the_background(directory):
         message = str(error)
     else:
         message = "committed"
-    checkpoint_files._torch_save_atomically = write  # space freed: the next save works on both ranks
+    checkpoint_files._save_object = write  # space freed: the next save works on both ranks
     with torch.no_grad():
         accelerator.unwrap_model(model).weight.fill_(3.0)
     accelerator.save_state(f"{directory}/after", async_save=True)

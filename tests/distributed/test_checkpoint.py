@@ -108,7 +108,7 @@ def _one_rank_runs_out_of_space(directory):
         def no_space(obj, path):
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-        checkpoint_files._torch_save_atomically = no_space
+        checkpoint_files._save_object = no_space
     try:
         accelerator.save_state(directory)
     except CheckpointError as error:
@@ -162,7 +162,7 @@ def test_a_full_disk_fails_the_save_on_both_processes_and_keeps_the_checkpoints_
     assert saved >= 1 and rank1 == rank0
     assert outcome["listing"] == [f"checkpoint_{i}" for i in range(saved)] and outcome["verified"] == [2] * saved
     staging = Path(rank0["error"].split("No space left on device: ")[1].split(")")[0])
-    assert staging.name == "optimizer.bin.tmp" and staging.parent.name == f"checkpoint_{saved}.incomplete"
+    assert staging.name == "optimizer.bin" and staging.parent.name == f"checkpoint_{saved}.incomplete"
     assert rank0["error"] == (
         f"Saving checkpoint_{saved} failed (rank 0: No space left on device: {staging}); the checkpoints saved before "
         "it are intact, so free the space (or fix the folder) and resume from the newest of them."

@@ -91,7 +91,7 @@ def _break(what, rank, accelerators):
     if what == "write" and rank == 2:  # not a node's owner: one of the files it writes itself
         from runner.engine import checkpoint_files
 
-        checkpoint_files._torch_save_atomically = no_space
+        checkpoint_files._save_object = no_space
     if what == "manifest" and rank == 1:  # node 1's owner, in phase (a)
         from runner.engine import manifest
 

@@ -86,3 +86,61 @@ def test_a_checkpoint_is_fsynced_whole_before_the_rename_that_commits_it(tmp_pat
     assert expected <= on_disk and "." in on_disk  # every file, and the folder itself, before the rename
     assert synced[synced_before:] == [str(checkpoint.parent)]  # then the new entry in checkpoints/
     assert model.weight.shape == (2, 2)
+
+
+def test_a_checkpoints_files_are_written_in_place_and_fsynced_in_the_background_before_the_manifest(
+    tmp_path, monkeypatch
+):
+    import threading
+
+    from runner.engine import checkpoint_files, manifest
+
+    events = []
+    real_fsync_path, real_write_manifest = checkpoint_files.fsync_path, manifest.write_manifest
+
+    def fsync_path(path):
+        real_fsync_path(path)
+        events.append((threading.current_thread().name.split("_")[0], os.path.basename(path)))
+
+    def write_manifest(*args, **kwargs):
+        events.append(("manifest", None))
+        return real_write_manifest(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_files, "fsync_path", fsync_path)
+    monkeypatch.setattr(manifest, "write_manifest", write_manifest)
+    accelerator = Accelerator()
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    accelerator.prepare(model, optimizer)
+    accelerator.save_state(tmp_path / "ck")
+    written = {"model.safetensors", "optimizer.bin", "random_states_0.pt"}
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == sorted([*written, "manifest.json"])
+    assert set(events[:-1]) == {("runner-fsync", name) for name in written} and len(events) == 4
+    assert events[-1] == ("manifest", None)  # every file on disk before the manifest lists it
+
+
+def test_a_failed_fsync_of_a_checkpoint_file_fails_the_save_naming_the_file(tmp_path, monkeypatch):
+    import errno
+
+    from runner.engine import CheckpointError, checkpoint_files
+
+    accelerator = Accelerator()
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    accelerator.save_state(tmp_path / "before")
+
+    def fails(path):
+        if path.name == "model.safetensors":
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+        files.fsync_path(path)
+
+    monkeypatch.setattr(checkpoint_files, "fsync_path", fails)
+    with pytest.raises(CheckpointError) as error:
+        accelerator.save_state(tmp_path / "ck")
+    assert str(error.value) == (
+        f"Saving ck failed (rank 0: Input/output error: {staging_dir(tmp_path / 'ck') / 'model.safetensors'}); the "
+        "checkpoints saved before it are intact, so free the space (or fix the folder) and resume from the newest "
+        "of them."
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["before"]
+    accelerator.load_state(tmp_path / "before")
+    assert model.weight.shape == (2, 2)

@@ -44,7 +44,7 @@ def save_until_full(project_dir: str, optimizer_name: str) -> dict:
 
 @pytest.mark.parametrize(
     ("optimizer_name", "failing_file"),
-    [("AdamW", "optimizer.bin.tmp"), ("SGD", "model.safetensors")],  # torch.save's and safetensors' failure
+    [("AdamW", "optimizer.bin"), ("SGD", "model.safetensors")],  # torch.save's and safetensors' failure
 )
 def test_a_full_disk_fails_the_save_in_one_sentence_and_keeps_the_checkpoints_before(
     on_tmpfs, optimizer_name, failing_file
