@@ -61,6 +61,34 @@ def test_when_every_rank_failed_on_the_connection_the_lowest_rank_is_named(tmp_p
     assert describe_failure(failures) == "Worker rank 0 failed: RuntimeError: Connection reset by peer"
 
 
+def test_a_rank_that_left_no_error_is_named_when_the_reported_peer_failed_on_the_connection(tmp_path):
+    # Rank 1 was killed with SIGKILL; rank 0 raised on the broken connection and exited in the same poll of the
+    # agent, which reports only one of them. Rank 1's folder has no error file.
+    attempt = tmp_path / "attempt_0"
+    (attempt / "1").mkdir(parents=True)
+    failures = {0: _failure(attempt, 0, "RuntimeError: [pair.cc:534] Connection closed by peer [127.0.0.1]:4242")}
+    assert describe_failure(failures) == (
+        "Worker rank 1 failed: it left no error of its own: it was killed (by a signal, e.g. the out-of-memory "
+        "killer) or crashed, and rank 0 then failed on the broken connection"
+    )
+
+
+def test_a_rank_that_left_no_error_is_not_named_over_an_error_of_a_ranks_own(tmp_path):
+    attempt = tmp_path / "attempt_0"
+    (attempt / "1").mkdir(parents=True)
+    failures = {0: _failure(attempt, 0, "ValueError: the loss is nan")}
+    assert describe_failure(failures) == "Worker rank 0 failed: ValueError: the loss is nan"
+
+
+def test_when_several_ranks_left_no_error_the_connection_error_is_named(tmp_path):
+    # Which of them went away first is not known: the agent also kills ranks that hang after a failure.
+    attempt = tmp_path / "attempt_0"
+    (attempt / "1").mkdir(parents=True)
+    (attempt / "2").mkdir()
+    failures = {0: _failure(attempt, 0, "RuntimeError: Connection closed by peer")}
+    assert describe_failure(failures) == "Worker rank 0 failed: RuntimeError: Connection closed by peer"
+
+
 def test_the_error_file_of_a_rank_the_agent_has_not_reported_yet_is_read(tmp_path):
     # Node 1 of two with two local ranks each: global ranks 2 and 3. The agent reported rank 2, which failed on the
     # connection; rank 3 raised first but had not exited yet. Its error file sits next to rank 2's.
