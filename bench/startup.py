@@ -1,7 +1,7 @@
 """Start-up: --help and config checks without torch, the engine's import cost, and command to first step.
 
     python bench/startup.py           # 5 rounds of the quick commands, 3 runs of each training command
-    python bench/startup.py --quick   # 2 rounds, 1 run each (what CI runs)
+    python bench/startup.py --quick   # 1 round, 1 run each (what CI runs)
 
 - `python -m runner --help` and a rejected override (`trainer.max_step=3`, exit code 2): wall time
   per command (target < 0.5 s), and whether torch was imported (it must not be: `-X importtime`).
@@ -56,7 +56,7 @@ def first_step(overrides: list[str], data: str, cwd: Path) -> dict[str, float]:
 
 def main() -> None:
     args = arguments(__doc__, data=True)
-    rounds, runs = (2, 1) if args.quick else (5, 3)
+    rounds, runs = (1, 1) if args.quick else (5, 3)
     report = Report("Start-up")
     with tempfile.TemporaryDirectory() as tmp:
         cwd = Path(tmp)
