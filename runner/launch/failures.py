@@ -37,7 +37,7 @@ def root_cause(failures: dict) -> tuple[int, str]:
         candidates.update(_sibling_errors(rank, failure))
         silent.update(_silent_siblings(rank, failure))
     rank = min(candidates, key=lambda r: (bool(_COLLATERAL.search(candidates[r])), r not in failures, r))
-    silent -= candidates.keys() | failures.keys()
+    silent -= candidates.keys()  # the reported ranks are among them
     if _COLLATERAL.search(candidates[rank]) and len(silent) == 1:
         # Every error is a broken connection, and one rank left none: it was the one that went away. torch's agent
         # reports one failed process per poll, and the peer that raised on the connection can exit in the same poll.
