@@ -1,9 +1,21 @@
 """Every test process signs its runs with a key of its own, never the key in the user's home, and keeps
-Hugging Face's caches in a folder of its own, offline."""
+Hugging Face's caches in a folder of its own, offline. Tests that launch processes are marked ``slow``:
+``python -m pytest -m "not slow"`` is the quick tier for the edit loop; the whole suite is what CI runs."""
 
 import os
+from pathlib import Path
 
 import pytest
+
+TESTS = Path(__file__).resolve().parent
+# What starts whole runs, worker groups or benchmarks: e2e's `python -m runner`, distributed's gloo groups.
+SLOW = {"e2e", "distributed", "test_bench.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if Path(item.path).relative_to(TESTS).parts[0] in SLOW:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -1,28 +1,48 @@
-"""Every benchmark runs (its --quick mode), so none of them rots. No timing is asserted here."""
+"""Every benchmark runs (its --quick mode) through bench/all.py, so none of them rots. No timing is asserted here.
+
+One test per benchmark, so that none takes the whole minute the seven take together.
+"""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCHMARKS = ("overhead", "step", "startup", "checkpoint", "dataloader", "memory", "tokens")
 
 
-def test_every_benchmark_runs_and_reports_its_ratios(tmp_path):
+def test_bench_all_runs_every_benchmark_named_here():
+    scripts = {path.stem for path in BENCH.glob("*.py")} - {"all", "common"}
+    assert set(BENCHMARKS) == scripts
+    listed = subprocess.run([sys.executable, str(BENCH / "all.py"), "--help"], capture_output=True, text=True)
+    assert f"default: all of {', '.join(BENCHMARKS)}" in " ".join(listed.stdout.split())
+    refused = subprocess.run([sys.executable, str(BENCH / "all.py"), "--quick", "nope"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "no benchmark named nope; the benchmarks are overhead, step" in refused.stderr
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_benchmark_runs_and_reports_its_ratios(tmp_path, name):
     result = subprocess.run(
-        [sys.executable, str(BENCH / "all.py"), "--quick", "--json-dir", str(tmp_path)],
+        [sys.executable, str(BENCH / "all.py"), "--quick", "--json-dir", str(tmp_path), name],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     reports = {path.stem: json.loads(path.read_text()) for path in tmp_path.glob("*.json")}
-    assert set(reports) == {"overhead", "step", "startup", "checkpoint", "dataloader", "memory", "tokens"}
-    for name, report in reports.items():
-        assert report["ratios"], name
-        for label, ratio in report["ratios"].items():
-            assert ratio["ratio"] > 0 and ratio["met"] in (True, False, None), (name, label)
-        assert all(value >= 0 for value in report["values"].values()), name
-    checkpoint = reports["checkpoint"]["values"]
-    assert checkpoint["parameters"] == 16 * (512 * 512 + 512)
-    assert reports["startup"]["values"]["--help imports torch"] == 0  # --help never imports torch
-    assert reports["startup"]["values"]["rejected override imports torch"] == 0
-    assert "Ratios against the baselines:" in result.stdout and "engine / raw" in result.stdout
+    assert set(reports) == {name}
+    report = reports[name]
+    assert report["ratios"], name
+    for label, ratio in report["ratios"].items():
+        assert ratio["ratio"] > 0 and ratio["met"] in (True, False, None), (name, label)
+        assert f"  {name:<11} {label:<44} " in result.stdout  # the summary lists every ratio
+    assert all(value >= 0 for value in report["values"].values()), name
+    assert "Ratios against the baselines:" in result.stdout
+    if name in ("overhead", "memory"):
+        assert "engine / raw" in report["ratios"]
+    if name == "checkpoint":
+        assert report["values"]["parameters"] == 16 * (512 * 512 + 512)
+    if name == "startup":
+        assert report["values"]["--help imports torch"] == 0  # --help never imports torch
+        assert report["values"]["rejected override imports torch"] == 0

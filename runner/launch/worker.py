@@ -115,6 +115,20 @@ def record_config_in_checkpoints(accelerator, config: dict[str, Any], overrides:
     accelerator.register_save_state_pre_hook(write)
 
 
+def pin_threads(threads: int | None) -> None:
+    """Fix this process's CPU thread count: ``threads`` (OMP_NUM_THREADS), else the count torch chose at import.
+
+    Besides the count, ``torch.set_num_threads`` turns MKL's dynamic threading off. It is on by default
+    (MKL_DYNAMIC=true), and then MKL may run a matrix product on fewer threads than it was given when it judges
+    that better, at run time, which changes how the product's sums are split: the same run could differ in its
+    last bits on a loaded machine, and a resumed run would no longer match an uninterrupted one. A fixed count
+    with MKL_DYNAMIC off is MKL's own condition for reproducible results.
+    """
+    import torch
+
+    torch.set_num_threads(threads if threads is not None else torch.get_num_threads())
+
+
 def run_worker(config: dict[str, Any], overrides: list[str], *, environment: LaunchEnvironment) -> float | None:
     """Train one process's share of the run described by ``config`` (already resolved).
 
@@ -124,10 +138,7 @@ def run_worker(config: dict[str, Any], overrides: list[str], *, environment: Lau
     preemption.watch()
     cfg = OmegaConf.create(config)
     configure_logging(rank=environment.global_rank, log_file=Path(cfg.project.project_dir) / LOG_FILE)
-    if environment.threads is not None:
-        import torch
-
-        torch.set_num_threads(environment.threads)
+    pin_threads(environment.threads)
     if environment.restart_count:  # what the launcher verified was an earlier save's start
         from runner.engine.constants import VERIFIED_CHECKPOINT_ENV
 

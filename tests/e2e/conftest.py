@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.preloaded import run_module
+
 REPO = Path(__file__).resolve().parents[2]
 MNIST = REPO.parent / "shared" / "data" / "mnist"
 
@@ -18,10 +20,15 @@ def run_cli(
     *args: str, cwd: Path, timeout: int = 600, module: bool = True, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """Run ``python -m runner *args`` in ``cwd`` (with ``env`` added to the environment); return the finished
-    process (stdout and stderr as text)."""
-    command = [sys.executable, "-m", "runner", *args] if module else [sys.executable, *args]
+    process (stdout and stderr as text).
+
+    The command is forked from an interpreter that has imported torch already (:mod:`tests.preloaded`);
+    ``module=False`` runs ``python *args`` in a fresh interpreter instead, for what a fresh start must show.
+    """
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if module:
+        return run_module("runner", *args, cwd=cwd, env=env, timeout=timeout)
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 _CLI_DRIVER = """

@@ -3,7 +3,6 @@
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -12,12 +11,11 @@ from safetensors.torch import load_file
 
 from runner.cli.checkpoints import describe
 from tests.e2e.conftest import metrics, mnist_args, run_cli
+from tests.preloaded import start_module
 
 
 def _start(args, cwd):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "runner", *args]
-    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_module("runner", *args, cwd=cwd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 def _workers(launcher: int) -> list[int]:

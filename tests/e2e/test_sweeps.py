@@ -5,8 +5,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -15,6 +13,7 @@ import yaml
 
 from runner.sweeps.report import read_scalars
 from tests.e2e.conftest import metrics, mnist_args, run_cli
+from tests.preloaded import run_module, start_module
 
 SMALL = ["model.channels=8", "model.hidden=32"]  # steps cost little; the sweep machinery is what is tested
 TINY = [*mnist_args("test[:400]", "test[9900:]"), *SMALL, "trainer.max_steps=4", "trainer.log_every_n_steps=2"]
@@ -82,7 +81,7 @@ def test_a_2x2_grid_writes_one_summary_row_per_job_with_its_overrides(tmp_path):
     written = {name: (sweep / name).read_text() for name in ("summary.csv", "summary.md")}
     for name in written:
         (sweep / name).unlink()
-    report = subprocess.run([sys.executable, "-m", "runner.report", str(sweep)], capture_output=True, text=True)
+    report = run_module("runner.report", str(sweep), cwd=os.getcwd(), env=dict(os.environ))
     assert report.returncode == 0, report.stderr
     assert {name: (sweep / name).read_text() for name in written} == written
     assert report.stdout == written["summary.md"]
@@ -93,9 +92,7 @@ def test_a_killed_sweep_rerun_runs_only_the_rest_and_leaves_finished_jobs_untouc
     command = ["-m", *mnist_args("test[:2000]", "test[9900:]"), *SMALL, "trainer.max_steps=150",
                "trainer.checkpoint_every_n_steps=10", "trainer.log_every_n_steps=10", "optimizer.lr=1e-3,2e-3,3e-3",
                f"hydra.sweep.dir={sweep}"]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "runner", *command], cwd=tmp_path, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    process = start_module("runner", *command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + 180
     while not (sweep / "1" / "checkpoints" / "checkpoint_0" / "manifest.json").exists():
         assert process.poll() is None, process.communicate()[1][-3000:]
@@ -108,8 +105,7 @@ def test_a_killed_sweep_rerun_runs_only_the_rest_and_leaves_finished_jobs_untouc
     before = _fingerprint(sweep / "0")
     mtimes = {path: path.stat().st_mtime_ns for path in (sweep / "0").rglob("*")}
 
-    report = subprocess.run([sys.executable, "-m", "runner.report", str(sweep), "--no-plot"], capture_output=True,
-                            text=True)  # fmt: skip
+    report = run_module("runner.report", str(sweep), "--no-plot", cwd=os.getcwd(), env=dict(os.environ))
     assert report.returncode == 0, report.stderr
     assert [(r["job"], r["status"]) for r in _rows(sweep)] == [("0", "finished"), ("1", "interrupted"),
                                                                 ("2", "pending")]  # fmt: skip
@@ -194,9 +190,7 @@ def test_a_stop_signal_stops_the_sweep_with_a_checkpoint_and_the_same_command_co
     sweep = tmp_path / "sweep"
     command = ["-m", *mnist_args("test[:2000]", "test[9900:]"), *SMALL, "trainer.max_steps=300",
                "optimizer.lr=1e-3,3e-3", f"hydra.sweep.dir={sweep}"]  # fmt: skip
-    process = subprocess.Popen([sys.executable, "-m", "runner", *command], cwd=tmp_path,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    process = start_module("runner", *command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + 180
     while "Start-up" not in ((sweep / "1" / "run.log").read_text() if (sweep / "1" / "run.log").exists() else ""):
         assert process.poll() is None, process.communicate()[1][-3000:]

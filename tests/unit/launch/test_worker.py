@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from runner import provenance
 from runner.engine import ParallelismConfig, ProjectConfiguration
-from runner.launch.worker import build_accelerator, record_config_in_checkpoints
+from runner.launch.worker import build_accelerator, pin_threads, record_config_in_checkpoints
 from runner.layout import CONFIG_FILE, OVERRIDES_FILE
 
 
@@ -76,3 +76,14 @@ def test_an_fsdp_run_saved_before_the_mesh_keys_gets_plain_fsdp(monkeypatch, tmp
     mesh_keys = ("dp_replicate", "dp_shard", "tp", "cp", "tp_plan")
     arguments = _accelerator_arguments(monkeypatch, tmp_path, "experiment=mnist_fsdp", drop=mesh_keys)
     assert arguments["parallelism_config"] == ParallelismConfig(dp_shard_size="auto")
+
+
+@pytest.mark.parametrize(("threads", "pinned"), [(3, 3), (None, 7)])  # OMP_NUM_THREADS, else torch's count
+def test_every_worker_fixes_its_thread_count_which_turns_mkls_dynamic_threading_off(monkeypatch, threads, pinned):
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)  # torch's also calls mkl_set_dynamic(false)
+    pin_threads(threads)
+    assert calls == [pinned]

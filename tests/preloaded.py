@@ -1,0 +1,226 @@
+"""``python -m MODULE ARGS`` for the tests, each command forked from an interpreter that has already imported torch.
+
+A fresh ``python -m runner`` spends seconds importing torch, torch._dynamo, torchmetrics, Hydra and the runner
+before it reads its command line, and the end-to-end tests start hundreds of them. :func:`run_module` hands the
+command to a server of this test process instead: an interpreter started once (this file, run as a script) that
+imports those modules and then forks a child per command. The child becomes what ``python -m MODULE ARGS`` would
+be: the command's working directory, environment (its ``PYTHONPATH`` on ``sys.path`` and ``OMP_NUM_THREADS``
+threads), standard streams, ``sys.argv`` and ``__main__``; it runs the module as ``python -m`` does and exits as
+an interpreter does (non-daemon threads joined, ``atexit`` handlers run, an uncaught exception printed with exit
+code 1). The runner's own worker forkserver starts its workers the same way (``runner.engine.forkserver``).
+
+What a child cannot be is an interpreter started from scratch: tests of the interpreter's start (``-X
+importtime``, what ``--help`` imports) and of ``torchrun`` start a real one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+# What a run imports before its first step (the launching process and, forked, its workers).
+PRELOAD = ("torch", "torch._dynamo", "torchmetrics", "hydra", "omegaconf", "runner.cli", "runner.cli.app",
+           "runner.launch.worker", "runner.training", "tensorboard", "safetensors.torch")  # fmt: skip
+
+
+class _Server:
+    """The client side: one server process per test process, started on first use, stopped at exit."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.process: subprocess.Popen | None = None
+        self.folder = Path(tempfile.mkdtemp(prefix="runner-preloaded-"))
+        self.address = str(self.folder / "socket")
+
+    def ensure_running(self) -> None:
+        with self.lock:
+            if self.process is not None and self.process.poll() is None:
+                return
+            env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
+            self.process = subprocess.Popen(
+                [sys.executable, __file__, self.address], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
+            )
+            ready = self.process.stdout.readline()
+            if ready.strip() != b"ready":
+                raise RuntimeError(f"the preloaded interpreter did not start (it said {ready!r})")
+            atexit.register(self.stop)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+_SERVER = _Server()
+
+
+class Launched:
+    """A command the server forked, as a :class:`subprocess.Popen` with both streams piped would be seen: its
+    ``pid`` (signals reach it, and its own children are its), ``poll``, ``wait``, ``communicate``, ``send_signal``,
+    ``kill`` and ``returncode``."""
+
+    def __init__(self, module: str, args: tuple[str, ...], *, cwd: Path | str, env: dict[str, str]) -> None:
+        _SERVER.ensure_running()
+        self.args = ["python", "-m", module, *args]
+        self.returncode: int | None = None
+        self._streams = tempfile.TemporaryDirectory(dir=_SERVER.folder)
+        self._out, self._err = Path(self._streams.name) / "stdout", Path(self._streams.name) / "stderr"
+        request = {"module": module, "argv": list(args), "cwd": str(cwd), "env": env, "stdout": str(self._out),
+                   "stderr": str(self._err)}  # fmt: skip
+        self._connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._connection.connect(_SERVER.address)
+        self._connection.sendall(json.dumps(request).encode() + b"\n")
+        self._replies = self._connection.makefile("rb", buffering=0)  # byte by byte: poll() sees what is unread
+        self.pid: int = json.loads(self._replies.readline())["pid"]
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            readable, _, _ = select.select([self._connection], [], [], 0)
+            if readable:
+                self.wait()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._connection.settimeout(timeout)
+            try:
+                status = json.loads(self._replies.readline())["status"]
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout) from None
+            self.returncode = os.waitstatus_to_exitcode(status)
+            self._connection.close()
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Wait for the end; return stdout and stderr (TimeoutExpired with what they hold so far)."""
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired as expired:
+            expired.output, expired.stderr = self._out.read_text(), self._err.read_text()
+            raise
+        streams = self._out.read_text(), self._err.read_text()
+        self._streams.cleanup()
+        return streams
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def start_module(module: str, *args: str, cwd: Path | str, env: dict[str, str]) -> Launched:
+    """Start ``python -m module *args`` in ``cwd`` with exactly the environment ``env``; return at once."""
+    return Launched(module, args, cwd=cwd, env=env)
+
+
+def run_module(
+    module: str, *args: str, cwd: Path | str, env: dict[str, str], timeout: float | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m module *args`` in ``cwd`` with exactly the environment ``env``, as ``subprocess.run(...,
+    capture_output=True, text=True, timeout=timeout)`` would run it: the finished process, or TimeoutExpired
+    once the command has been killed."""
+    command = start_module(module, *args, cwd=cwd, env=env)
+    try:
+        stdout, stderr = command.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        command.kill()
+        command.communicate()
+        raise
+    return subprocess.CompletedProcess(command.args, command.returncode, stdout, stderr)
+
+
+# The server: this file run as a script.
+
+
+def _serve(address: str) -> dict:
+    """Accept commands and fork a child for each; return the command in the child (never in the server)."""
+    for name in PRELOAD:
+        __import__(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(64)
+    watched = selectors.DefaultSelector()
+    watched.register(listener, selectors.EVENT_READ)
+    waiting: dict[int, socket.socket] = {}  # child pid -> the connection its status goes to
+    parent = os.getppid()
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while os.getppid() == parent:
+        for _ in watched.select(timeout=0.05 if waiting else 1.0):
+            connection, _ = listener.accept()
+            request = json.loads(connection.makefile("r").readline())
+            pid = os.fork()
+            if pid == 0:
+                watched.close()
+                listener.close()
+                for other in waiting.values():
+                    other.close()
+                connection.close()
+                return request
+            connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            waiting[pid] = connection
+        for pid in list(waiting):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                connection = waiting.pop(pid)
+                connection.sendall(json.dumps({"status": status}).encode() + b"\n")
+                connection.close()
+    sys.exit(0)  # the test process is gone
+
+
+def _become(request: dict, base_path: list[str]) -> None:
+    """In the child: take the command's streams, folder, environment, ``sys.path`` and threads, then run it."""
+    import io
+    import runpy
+
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_CREAT),
+                            (2, request["stderr"], os.O_WRONLY | os.O_CREAT)):  # fmt: skip
+        opened = os.open(path, flags | os.O_CLOEXEC, 0o600)
+        os.dup2(opened, fd)
+        os.close(opened)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False) if unbuffered else io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
+        encoding="utf-8", write_through=unbuffered,
+    )  # fmt: skip
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True,
+        write_through=True,
+    )  # fmt: skip
+    # As the interpreter builds it: the working directory (``python -m``), then PYTHONPATH, then the rest.
+    extra = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path]
+    sys.path[:] = [os.getcwd(), *extra, *base_path]
+    import importlib
+
+    importlib.invalidate_caches()
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdecimal() and int(threads) > 0:
+        # torch sized its thread pool when the server imported it; a fresh interpreter reads OMP_NUM_THREADS.
+        sys.modules["torch"].set_num_threads(int(threads))
+    sys.argv = [request["module"], *request["argv"]]
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    # The server's own folder and PYTHONPATH are not the command's: each child puts its own in front.
+    server_paths = {os.path.dirname(os.path.abspath(__file__)), *os.environ.get("PYTHONPATH", "").split(os.pathsep)}
+    base = [path for path in sys.path if path and path not in server_paths]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in pytest reaches the commands, not the server
+    command = _serve(sys.argv[1])
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _become(command, base)
