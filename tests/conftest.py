@@ -10,12 +10,36 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 # What starts whole runs, worker groups or benchmarks: e2e's `python -m runner`, distributed's gloo groups.
 SLOW = {"e2e", "distributed", "test_bench.py"}
+# The order test processes take the tests in: the longest first, so that none is left with a long one at the end.
+FIRST = ("e2e", "test_bench.py", "distributed", "unit")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
+    """Mark the slow tests; keep the tests that share a module's fixture (a reference run) on one test process
+    (``--dist loadgroup``: every other test goes to whichever process is free); put the longest tests first."""
+    sharing = {item.module.__name__ for item in items if _uses_a_module_fixture(item)}
     for item in items:
-        if Path(item.path).relative_to(TESTS).parts[0] in SLOW:
+        if _area(item) in SLOW:
             item.add_marker(pytest.mark.slow)
+        # A test may also ask for the module's fixture by name (request.getfixturevalue).
+        if item.module.__name__ in sharing and (_uses_a_module_fixture(item) or "request" in item.fixturenames):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    order = {area: rank for rank, area in enumerate(FIRST)}
+    items.sort(key=lambda item: (order.get(_area(item), len(FIRST)), not item.get_closest_marker("xdist_group")))
+
+
+def _area(item) -> str:
+    return Path(item.path).relative_to(TESTS).parts[0]
+
+
+def _uses_a_module_fixture(item) -> bool:
+    definitions = getattr(item, "_fixtureinfo", None)
+    return definitions is not None and any(
+        chain[-1].scope in ("module", "class", "package")
+        for name, chain in definitions.name2fixturedefs.items()
+        if chain and name in item.fixturenames
+    )
 
 
 @pytest.fixture(autouse=True, scope="session")

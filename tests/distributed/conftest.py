@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -29,4 +30,8 @@ def launch(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    return launch_workers
+    yield launch_workers
+    # The elastic agent ran in this process: free what it left in reference cycles (its store, with a C++
+    # thread) here and now. Left to the garbage collector, it could be collected in a process that a later test
+    # forks from this one (a DataLoader worker), where destroying a thread that was never there aborts it.
+    gc.collect()
