@@ -7,6 +7,12 @@ from pathlib import Path
 
 import pytest
 
+# The test processes run several training processes at once on few cores. OpenMP's idle threads spin by default
+# (libgomp, torch's thread pool), taking the cores from the other runs; passive ones sleep. Read when libgomp loads
+# (the first import of torch), so it is set here, before any test module imports torch, for every process the
+# tests start as well. It changes how threads wait, never what they compute.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 TESTS = Path(__file__).resolve().parent
 # What starts whole runs, worker groups or benchmarks: e2e's `python -m runner`, distributed's gloo groups.
 SLOW = {"e2e", "distributed", "test_bench.py"}

@@ -20,6 +20,7 @@ import json
 import os
 import select
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -39,13 +40,17 @@ class _Server:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.process: subprocess.Popen | None = None
-        self.folder = Path(tempfile.mkdtemp(prefix="runner-preloaded-"))
-        self.address = str(self.folder / "socket")
+        self.folder = Path()  # its socket and the commands' captured streams, made with the server
+
+    @property
+    def address(self) -> str:
+        return str(self.folder / "socket")
 
     def ensure_running(self) -> None:
         with self.lock:
             if self.process is not None and self.process.poll() is None:
                 return
+            self.folder = Path(tempfile.mkdtemp(prefix="runner-preloaded-"))
             env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
             self.process = subprocess.Popen(
                 [sys.executable, __file__, self.address], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
@@ -59,6 +64,8 @@ class _Server:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        if self.folder != Path():
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 _SERVER = _Server()

@@ -89,7 +89,7 @@ def test_a_2x2_grid_writes_one_summary_row_per_job_with_its_overrides(tmp_path):
 
 def test_a_killed_sweep_rerun_runs_only_the_rest_and_leaves_finished_jobs_untouched(tmp_path):
     sweep = tmp_path / "sweep"
-    command = ["-m", *mnist_args("test[:2000]", "test[9900:]"), *SMALL, "trainer.max_steps=150",
+    command = ["-m", *mnist_args("test[:2000]", "test[9900:]"), *SMALL, "trainer.max_steps=80",
                "trainer.checkpoint_every_n_steps=10", "trainer.log_every_n_steps=10", "optimizer.lr=1e-3,2e-3,3e-3",
                f"hydra.sweep.dir={sweep}"]  # fmt: skip
     process = start_module("runner", *command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -120,7 +120,7 @@ def test_a_killed_sweep_rerun_runs_only_the_rest_and_leaves_finished_jobs_untouc
     resumed = _job(sweep / "1")
     assert resumed["status"] == "finished" and resumed["resumed_from"].startswith("checkpoint_")
     assert "Resuming sweep job 1 from checkpoint_" in log
-    assert [(r["job"], r["status"], r["step"]) for r in _rows(sweep)] == [(str(i), "finished", "150") for i in range(3)]
+    assert [(r["job"], r["status"], r["step"]) for r in _rows(sweep)] == [(str(i), "finished", "80") for i in range(3)]
 
 
 def test_a_failing_job_is_listed_with_its_error_and_the_others_still_run(tmp_path):
@@ -188,7 +188,7 @@ def test_joblib_runs_ddp_jobs_at_once_within_a_thread_budget(tmp_path):
 
 def test_a_stop_signal_stops_the_sweep_with_a_checkpoint_and_the_same_command_continues_it(tmp_path):
     sweep = tmp_path / "sweep"
-    command = ["-m", *mnist_args("test[:2000]", "test[9900:]"), *SMALL, "trainer.max_steps=300",
+    command = ["-m", *mnist_args("test[:2000]", "test[9900:]"), *SMALL, "trainer.max_steps=120",
                "optimizer.lr=1e-3,3e-3", f"hydra.sweep.dir={sweep}"]  # fmt: skip
     process = start_module("runner", *command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     deadline = time.monotonic() + 180
@@ -207,4 +207,4 @@ def test_a_stop_signal_stops_the_sweep_with_a_checkpoint_and_the_same_command_co
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     resumed = _job(sweep / "1")
     assert resumed["status"] == "finished" and resumed["resumed_from"].startswith("checkpoint_")
-    assert metrics(sweep / "1")["step"] == 300
+    assert metrics(sweep / "1")["step"] == 120
