@@ -24,23 +24,29 @@ FIRST = ("e2e", "test_bench.py", "distributed", "unit")
 def pytest_collection_modifyitems(config, items):
     """Mark the slow tests; keep the tests that share a module's fixture (a reference run) on one test process
     (``--dist loadgroup``: every other test goes to whichever process is free); put the longest tests first."""
-    sharing = {item.module.__name__ for item in items if _uses_a_module_fixture(item)}
+    sharing = {_module(item) for item in items if _uses_a_module_fixture(item)}
     for item in items:
         if _area(item) in SLOW:
             item.add_marker(pytest.mark.slow)
         # A test may also ask for the module's fixture by name (request.getfixturevalue).
-        if item.module.__name__ in sharing and (_uses_a_module_fixture(item) or "request" in item.fixturenames):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        if _module(item) in sharing and (_uses_a_module_fixture(item) or "request" in item.fixturenames):
+            item.add_marker(pytest.mark.xdist_group(_module(item)))
     order = {area: rank for rank, area in enumerate(FIRST)}
     items.sort(key=lambda item: (order.get(_area(item), len(FIRST)), not item.get_closest_marker("xdist_group")))
 
 
 def _area(item) -> str:
-    return Path(item.path).relative_to(TESTS).parts[0]
+    """The folder (or file) of tests/ that holds the test."""
+    path = Path(item.path)
+    return path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
+
+
+def _module(item) -> str:
+    return getattr(getattr(item, "module", None), "__name__", str(item.path))
 
 
 def _uses_a_module_fixture(item) -> bool:
-    definitions = getattr(item, "_fixtureinfo", None)
+    definitions = getattr(item, "_fixtureinfo", None)  # pytest's record of the fixtures a test uses
     return definitions is not None and any(
         chain[-1].scope in ("module", "class", "package")
         for name, chain in definitions.name2fixturedefs.items()
