@@ -10,7 +10,9 @@ an interpreter does (non-daemon threads joined, ``atexit`` handlers run, an unca
 code 1). The runner's own worker forkserver starts its workers the same way (``runner.engine.forkserver``).
 
 What a child cannot be is an interpreter started from scratch: tests of the interpreter's start (``-X
-importtime``, what ``--help`` imports) and of ``torchrun`` start a real one.
+importtime``, what ``--help`` imports) and of ``torchrun`` start a real one. Nor can it change what a library
+read from the environment when the server imported it (Hugging Face's cache folders, libgomp's settings): those
+are the test process's environment of the moment the server started, which the session's fixtures set first.
 """
 
 from __future__ import annotations
@@ -101,9 +103,12 @@ class Launched:
         if self.returncode is None:
             self._connection.settimeout(timeout)
             try:
-                status = json.loads(self._replies.readline())["status"]
+                reply = self._replies.readline()
             except TimeoutError:
                 raise subprocess.TimeoutExpired(self.args, timeout) from None
+            if not reply:
+                raise RuntimeError(f"the preloaded interpreter ended before the command {self.args} did")
+            status = json.loads(reply)["status"]
             self.returncode = os.waitstatus_to_exitcode(status)
             self._connection.close()
         return self.returncode
@@ -167,7 +172,11 @@ def _serve(address: str) -> dict:
     while os.getppid() == parent:
         for _ in watched.select(timeout=0.05 if waiting else 1.0):
             connection, _ = listener.accept()
-            request = json.loads(connection.makefile("r").readline())
+            line = connection.makefile("r").readline()
+            if not line:  # the test process went away before it sent the command
+                connection.close()
+                continue
+            request = json.loads(line)
             pid = os.fork()
             if pid == 0:
                 watched.close()
@@ -176,15 +185,22 @@ def _serve(address: str) -> dict:
                     other.close()
                 connection.close()
                 return request
-            connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             waiting[pid] = connection
+            _reply(connection, {"pid": pid})
         for pid in list(waiting):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 connection = waiting.pop(pid)
-                connection.sendall(json.dumps({"status": status}).encode() + b"\n")
+                _reply(connection, {"status": status})
                 connection.close()
     sys.exit(0)  # the test process is gone
+
+
+def _reply(connection: socket.socket, message: dict) -> None:
+    try:
+        connection.sendall(json.dumps(message).encode() + b"\n")
+    except OSError:
+        pass  # the test that asked has gone (killed, or timed out): the command still runs to its end
 
 
 def _become(request: dict, base_path: list[str]) -> None:
