@@ -120,9 +120,9 @@ def pin_threads(threads: int | None) -> None:
 
     Besides the count, ``torch.set_num_threads`` turns MKL's dynamic threading off. It is on by default
     (MKL_DYNAMIC=true), and then MKL may run a matrix product on fewer threads than it was given when it judges
-    that better, at run time, which changes how the product's sums are split: the same run could differ in its
-    last bits on a loaded machine, and a resumed run would no longer match an uninterrupted one. A fixed count
-    with MKL_DYNAMIC off is MKL's own condition for reproducible results.
+    that better, at run time, which changes how the product's sums are split, so the same run could differ in
+    its last bits from one time to the next. A fixed count with MKL_DYNAMIC off is MKL's own condition for
+    reproducible results.
     """
     import torch
 
