@@ -9,6 +9,11 @@ The writers fail with the OSError behind a failed write (a full disk, say): safe
 inside a ``SafetensorError`` and ``torch.save`` as ``RuntimeError: ... unexpected pos``, which would
 hide it from the callers that turn it into one sentence.
 
+safetensors writes a file's metadata from a Rust ``HashMap``, so with more than one entry (ours:
+``format`` and ``aliases``) their order, and so the file's bytes, changed from one save to the next.
+We put the entries in sorted order once the file is written: the same tensors and metadata always
+give the same bytes, and two runs that computed the same weights leave identical files.
+
 Checkpoint files are written with ``torch.save`` without the CRC32 it computes for every record of
 its zip archive (a third of the write's time; ``torch.load`` never checks it, and the checkpoint's
 manifest holds a digest of every byte), and read back through a memory map, with the tensors then
@@ -23,6 +28,7 @@ import json
 import os
 import re
 import stat
+import struct
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -115,6 +121,28 @@ def _save_file(tensors: dict[str, torch.Tensor], path: str | os.PathLike, metada
             raise
         code = int(match.group(1))
         raise OSError(code, os.strerror(code), str(path)) from None
+    _sort_metadata(path)
+
+
+def _sort_metadata(path: str | os.PathLike) -> None:
+    """Rewrite the safetensors header of ``path`` with its metadata entries in sorted order, in place.
+
+    The header keeps its length (the same entries, another order; safetensors pads it with spaces), so
+    no tensor moves; the tensors' own entries keep safetensors' order, which is already fixed.
+    """
+    with open(path, "r+b") as file:
+        (length,) = struct.unpack("<Q", file.read(8))
+        header = json.loads(file.read(length))
+        metadata = header.get("__metadata__")
+        if not metadata or len(metadata) < 2:
+            return
+        header["__metadata__"] = dict(sorted(metadata.items()))
+        header = {"__metadata__": header.pop("__metadata__"), **header}
+        rewritten = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(rewritten) > length:  # cannot happen for the same entries; never move the tensors' bytes
+            raise RuntimeError(f"the sorted safetensors header of {path} is longer than the one written")
+        file.seek(8)
+        file.write(rewritten.ljust(length, b" "))
 
 
 def torch_save(obj: Any, path: str | os.PathLike, *, crc32: bool = True) -> None:

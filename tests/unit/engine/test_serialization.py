@@ -232,6 +232,27 @@ def test_tied_weights_stored_once_and_restored(tmp_path):
     assert fresh.head.weight is fresh.embed.weight
 
 
+def test_the_same_weights_always_give_the_same_bytes(tmp_path):
+    # safetensors orders a file's metadata entries (ours: format and aliases) at random from one save to the
+    # next; each save sorts them, so the file is the same bytes every time, one file or sharded.
+    torch.manual_seed(0)
+    state_dict = TiedLM().state_dict()
+    for shard_size in ("10GB", "2KB"):  # one file; shards and an index
+        files = []
+        for copy_number in range(8):
+            folder = tmp_path / f"{shard_size}-{copy_number}"
+            written = save_model_files(state_dict, folder, max_shard_size=shard_size)
+            files.append({path.name: path.read_bytes() for path in written})
+        assert all(each == files[0] for each in files[1:])
+        for name, content in files[0].items():
+            if name.endswith(".safetensors"):
+                length = int.from_bytes(content[:8], "little")
+                header = json.loads(content[8 : 8 + length])
+                assert list(header)[0] == "__metadata__" and list(header["__metadata__"]) == ["aliases", "format"]
+    _assert_same(load_state_dict_files(tmp_path / "10GB-7"), state_dict)
+    _assert_same(load_state_dict_files(tmp_path / "2KB-7"), state_dict)
+
+
 def test_tied_weights_sharded_roundtrip(tmp_path):
     torch.manual_seed(0)
     model = TiedLM(vocab=64, dim=16)  # embed: 4096 bytes; hidden: 1088 bytes
