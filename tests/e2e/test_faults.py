@@ -19,13 +19,14 @@ def _start(args, cwd):
 
 
 def _workers(launcher: int) -> list[int]:
-    """The training processes of the run ``launcher`` started, oldest first: the children of its forkserver."""
+    """The training processes of the run ``launcher`` started, oldest first: the children of its forkserver (the
+    launcher's one child with children of its own; its resource tracker has none)."""
 
-    def children(pid: int, pattern: str | None = None) -> list[int]:
-        found = subprocess.run(["pgrep", "-P", str(pid), *(["-f", pattern] if pattern else [])], capture_output=True)
+    def children(pid: int) -> list[int]:
+        found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True)
         return sorted(map(int, found.stdout.split()))
 
-    return [worker for server in children(launcher, "multiprocessing.forkserver") for worker in children(server)]
+    return [worker for server in children(launcher) for worker in children(server)]
 
 
 def _wait_for_training(run, process, timeout=120):
