@@ -10,6 +10,7 @@ import pytest
 
 from runner.engine.launchers import debug_launcher
 from runner.launch import forkserver
+from tests.distributed.groups import WorkerGroup
 
 
 def launch_workers(fn: Callable[..., Any], *args: Any, nproc: int = 2) -> list[Any]:
@@ -24,13 +25,40 @@ def launch_workers(fn: Callable[..., Any], *args: Any, nproc: int = 2) -> list[A
     return debug_launcher(fn, args, num_processes=nproc, start_method="forkserver")
 
 
+@pytest.fixture(scope="session")
+def _worker_groups():
+    """This test process's shared worker groups, by number of workers (see tests/distributed/groups.py)."""
+    groups: dict[int, WorkerGroup] = {}
+    yield groups
+    for group in groups.values():
+        group.close()
+
+
 @pytest.fixture
-def launch(monkeypatch):
+def launch(monkeypatch, request, _worker_groups):
+    """``launch(fn, *args, nproc=2)``: ``fn(*args)`` on ``nproc`` workers, their results by rank.
+
+    The workers are a shared group's (:class:`WorkerGroup`), launched once and reused by test after test; a test
+    marked ``fresh_workers`` (one that checks what only a new process shows: its start, its exit, a failing rank
+    as the launcher reports it) launches its own with :func:`launch_workers`.
+    """
     # One thread per worker: two workers on two cores must not oversubscribe (torchrun does the same).
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    yield launch_workers
+    fresh = request.node.get_closest_marker("fresh_workers") is not None
+
+    def run(fn: Callable[..., Any], *args: Any, nproc: int = 2) -> list[Any]:
+        if fresh:
+            return launch_workers(fn, *args, nproc=nproc)
+        group = _worker_groups.get(nproc)
+        if group is None or not group.fits(nproc):
+            if group is not None:
+                group.close()
+            group = _worker_groups[nproc] = WorkerGroup(nproc)
+        return group.run(fn, args)
+
+    yield run
     # The elastic agent ran in this process: free what it left in reference cycles (its store, with a C++
     # thread) here and now. Left to the garbage collector, it could be collected in a process that a later test
     # forks from this one (a DataLoader worker), where destroying a thread that was never there aborts it.
