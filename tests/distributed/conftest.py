@@ -22,7 +22,13 @@ def launch_workers(fn: Callable[..., Any], *args: Any, nproc: int = 2) -> list[A
     fraction of the time). A worker that raises fails the test with that worker's traceback.
     """
     forkserver.start()
-    return debug_launcher(fn, args, num_processes=nproc, start_method="forkserver")
+    try:
+        return debug_launcher(fn, args, num_processes=nproc, start_method="forkserver")
+    finally:
+        # The elastic agent ran in this process: free what it left in reference cycles (its store, with a C++
+        # thread) here and now. Left to the garbage collector, it could be collected in a process that a later
+        # test forks from this one (a DataLoader worker), where destroying a thread that was never there aborts it.
+        gc.collect()
 
 
 @pytest.fixture(scope="session")
@@ -35,22 +41,19 @@ def _worker_groups():
 
 
 @pytest.fixture
-def launch(monkeypatch, request, _worker_groups):
+def launch(monkeypatch, _worker_groups):
     """``launch(fn, *args, nproc=2)``: ``fn(*args)`` on ``nproc`` workers, their results by rank.
 
-    The workers are a shared group's (:class:`WorkerGroup`), launched once and reused by test after test; a test
-    marked ``fresh_workers`` (one that checks what only a new process shows: its start, its exit, a failing rank
-    as the launcher reports it) launches its own with :func:`launch_workers`.
+    The workers are a shared group's (:class:`WorkerGroup`), launched once and reused by test after test (a test
+    of what only a new process shows, its start, its exit, a failing rank as the launcher reports it, calls
+    :func:`launch_workers` itself).
     """
     # One thread per worker: two workers on two cores must not oversubscribe (torchrun does the same).
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    fresh = request.node.get_closest_marker("fresh_workers") is not None
 
     def run(fn: Callable[..., Any], *args: Any, nproc: int = 2) -> list[Any]:
-        if fresh:
-            return launch_workers(fn, *args, nproc=nproc)
         group = _worker_groups.get(nproc)
         if group is None or not group.fits(nproc):
             if group is not None:
@@ -59,7 +62,3 @@ def launch(monkeypatch, request, _worker_groups):
         return group.run(fn, args)
 
     yield run
-    # The elastic agent ran in this process: free what it left in reference cycles (its store, with a C++
-    # thread) here and now. Left to the garbage collector, it could be collected in a process that a later test
-    # forks from this one (a DataLoader worker), where destroying a thread that was never there aborts it.
-    gc.collect()
