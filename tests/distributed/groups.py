@@ -216,9 +216,9 @@ class _FreshState:
         for signum, handler in self.handlers.items():
             signal.signal(signum, handler)
         for name, logger in [("", logging.getLogger()), *logging.root.manager.loggerDict.items()]:
-            if not isinstance(logger, logging.Logger):
+            if name not in self.loggers:  # made by a module first imported later: as that import left it
                 continue
-            handlers, level, propagate = self.loggers.get(name, ([], logging.NOTSET, True))
+            handlers, level, propagate = self.loggers[name]
             logger.handlers[:] = handlers
             logger.setLevel(level)
             logger.propagate = propagate
