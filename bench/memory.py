@@ -1,7 +1,7 @@
 """Peak resident memory of a training process: the engine's loop vs the same raw PyTorch loop.
 
     python bench/memory.py           # the MNIST CNN, 60 steps per process, 5 processes per contender
-    python bench/memory.py --quick   # a narrow CNN, 5 steps, 2 processes each (what CI runs)
+    python bench/memory.py --quick   # a narrow CNN, 5 steps, 1 process each (what CI runs)
 
 Peak RSS belongs to a whole process, so each run is a fresh interpreter (started in turn: raw,
 engine, raw, engine, ...) that imports what its loop needs, trains, evaluates once, saves a
@@ -82,7 +82,7 @@ def main() -> None:
     if args.child:
         child(args.child, args.data, args.channels, args.steps, args.out)
         return
-    channels, steps, rounds = (8, 5, 2) if args.quick else (32, 60, 5)
+    channels, steps, rounds = (8, 5, 1) if args.quick else (32, 60, 5)
     medians = interleave(
         {kind: lambda kind=kind: peak_bytes(kind, args.data, channels, steps) for kind in ("raw", "engine")},
         rounds,
