@@ -1,5 +1,6 @@
 """The shared worker groups the multi-process tests run on (tests/distributed/groups.py): one launch, many
-functions, each from a fresh worker's state; a failing rank fails its call, and the next call gets new workers."""
+functions, each from a fresh worker's state, for callers with its environment; a failing rank fails its call, and
+the next call gets new workers."""
 
 import os
 import random
@@ -53,7 +54,7 @@ def group(monkeypatch, tmp_path):
     group.close()
 
 
-def test_functions_run_one_after_another_on_the_same_workers_each_from_a_fresh_state(group, tmp_path):
+def test_functions_run_one_after_another_on_the_same_workers_each_from_a_fresh_state(group, tmp_path, monkeypatch):
     first = group.run(_state, ())
     pids = group.run(_leave_state_behind, ())
     again = group.run(_state, ())
@@ -64,6 +65,10 @@ def test_functions_run_one_after_another_on_the_same_workers_each_from_a_fresh_s
     assert first[0]["writer"] == "_save_object"
     # Everything the second function changed is back, but the process group it created, which the next joins.
     assert [{**state, "group": False} for state in again] == first and again[0]["group"]
+    # It serves only callers with the environment it was launched with.
+    assert group.fits(2) and not group.fits(3)
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")  # read when a worker's group starts
+    assert not group.fits(2)
 
 
 def test_a_rank_that_raises_fails_the_call_with_its_traceback_and_the_next_call_starts_new_workers(group, monkeypatch):
@@ -82,9 +87,3 @@ def test_a_rank_that_raises_fails_the_call_with_its_traceback_and_the_next_call_
         assert {state["pid"] for state in fresh.run(_state, ())}.isdisjoint(pids)
     finally:
         fresh.close()
-
-
-def test_a_group_serves_only_callers_with_the_environment_it_was_launched_with(group, monkeypatch):
-    assert group.fits(2) and not group.fits(3)
-    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")  # read when a worker's group starts
-    assert not group.fits(2)
