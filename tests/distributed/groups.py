@@ -224,9 +224,10 @@ class _FreshState:
             logger.propagate = propagate
         warnings.filters[:] = self.warning_filters
         warnings._filters_mutated()
-        for name, module in _runner_modules():  # what a function replaced (a writer that fails, say) is put back
+        for name, attributes in self.modules.items():  # what a function replaced (a writer that fails, say)
+            module = sys.modules[name]
             namespace = vars(module)
-            for attribute, value in self.modules.get(name, {}).items():
+            for attribute, value in attributes.items():
                 if namespace.get(attribute, _MISSING) is not value:
                     setattr(module, attribute, value)
         sys.modules["runner.preemption"]._received.clear()  # the stop signals recorded (none in a fresh worker)
