@@ -3,7 +3,8 @@
     from runner.engine import Accelerator
 
 Names and behaviour follow Accelerate's public API, so a script written for it runs after changing
-its imports (``accelerate`` -> ``runner.engine``, ``accelerate.utils`` -> ``runner.engine.utils``).
+its imports (``accelerate`` -> ``runner.engine``, ``accelerate.utils`` -> ``runner.engine.utils``,
+``accelerate.tracking`` -> ``runner.engine.tracking``).
 """
 
 from runner.engine.accelerator import Accelerator
@@ -23,6 +24,7 @@ from runner.engine.parallel import (
 from runner.engine.precision import AutocastKwargs, GradScalerKwargs
 from runner.engine.rng import set_seed
 from runner.engine.serialization import load_checkpoint_in_model
+from runner.engine.tracking import GeneralTracker, register_tracker_class
 
 __all__ = [
     "AcceleratedOptimizer",
@@ -36,6 +38,7 @@ __all__ = [
     "DistributedOperationException",
     "DistributedType",
     "FullyShardedDataParallelPlugin",
+    "GeneralTracker",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "ParallelismConfig",
@@ -44,5 +47,6 @@ __all__ = [
     "find_executable_batch_size",
     "load_checkpoint_in_model",
     "notebook_launcher",
+    "register_tracker_class",
     "set_seed",
 ]

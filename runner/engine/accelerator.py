@@ -48,7 +48,7 @@ from runner.engine.precision import (
 from runner.engine.prepared import PreparedObjects
 from runner.engine.rng import synchronize_rng_states
 from runner.engine.serialization import save_model_files, save_safetensors
-from runner.engine.tracking import GeneralTracker, build_trackers
+from runner.engine.tracking import GeneralTracker, TrackerThread, _BlankTracker, build_trackers
 from runner.files import write_atomically
 
 _SCHEDULER_TYPES = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
@@ -168,7 +168,7 @@ class Accelerator:
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
-        self.trackers: list[GeneralTracker] = []
+        self._tracker_thread = TrackerThread([])
         self._checkpointer = Checkpointer()
         self._trigger_set = False
 
@@ -817,34 +817,56 @@ class Accelerator:
 
     # ---------------------------------------------------------------------------------------- trackers
     def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:
-        """Start the trackers of ``log_with`` (main process only) and record ``config`` as hyperparameters."""
-        if not self.is_main_process:
-            return
-        self.trackers = build_trackers(
-            self.log_with, run_name=project_name, logging_dir=self.logging_dir, init_kwargs=init_kwargs
+        """Start the trackers of ``log_with`` and record ``config`` as their hyperparameters.
+
+        Trackers run on the main process, and on every process those whose class sets
+        ``main_process_only = False``. ``init_kwargs`` maps a tracker's name to its constructor's keywords.
+        A tracker that fails to start is reported in one warning and left out; training goes on.
+        """
+        built = build_trackers(
+            self.log_with, run_name=project_name, logging_dir=self.logging_dir, init_kwargs=init_kwargs, start=False
         )
+        self._tracker_thread = TrackerThread(
+            [tracker for tracker in built if self.is_main_process or not tracker.main_process_only]
+        )
+        self._tracker_thread.call("start")
         if config is not None:
-            for tracker in self.trackers:
-                tracker.store_init_configuration(config)
+            self._tracker_thread.call("store_init_configuration", config)
+
+    @property
+    def trackers(self) -> list[GeneralTracker]:
+        """The trackers this process runs (those that failed are gone)."""
+        return self._tracker_thread.trackers
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict | None = None) -> None:
-        """Send ``values`` to every tracker (main process only)."""
-        for tracker in self.trackers:
-            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+        """Send ``values`` at ``step`` to every tracker of this process (``log_kwargs``: a tracker's name to
+        its ``log`` keywords). Returns at once: the trackers are called in order on a background thread,
+        with the values as they are now (tensors are read here)."""
+        self._tracker_thread.log(values, step, log_kwargs)
+
+    def log_artifact(
+        self, local_path: str | os.PathLike, artifact_path: str | None = None, *, trackers: list[str] | None = None
+    ) -> None:
+        """Keep a file or folder with the tracked run, in the trackers that store files (MLflow, W&B), or in
+        those named in ``trackers``. Returns at once, as :meth:`log`."""
+        self._tracker_thread.log_artifact(local_path, artifact_path, trackers)
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The tracker called ``name`` (its underlying object with ``unwrap=True``)."""
+        """The tracker called ``name`` (its underlying object with ``unwrap=True``). On a process that runs
+        no trackers, a stand-in that does nothing."""
+        self._tracker_thread.flush()  # whatever was logged has reached it
         for tracker in self.trackers:
             if tracker.name == name:
                 return tracker.tracker if unwrap else tracker
+        if not self.is_main_process:
+            return _BlankTracker(name)
         raise ValueError(f"No tracker named {name!r} was started; trackers: {[t.name for t in self.trackers]}.")
 
     def end_training(self) -> None:
-        """Wait for a pending checkpoint commit, close the trackers, and wait for every process."""
+        """Wait for a pending checkpoint commit and for the trackers to take everything logged, close them,
+        and wait for every process."""
         self.wait_for_checkpoint()
-        for tracker in self.trackers:
-            tracker.finish()
-        self.trackers = []
+        self._tracker_thread.close()
         self.wait_for_everyone()
 
     def free_memory(self, *objects: Any) -> list[None]:

@@ -7,7 +7,20 @@ import json
 import pytest
 import torch
 
-from runner.engine.tracking import GeneralTracker, JSONLTracker, TensorBoardTracker, build_trackers
+from runner.engine import Accelerator
+from runner.engine.tracking import (
+    TRACKERS,
+    CSVTracker,
+    GeneralTracker,
+    JSONLTracker,
+    MLflowTracker,
+    TensorBoardTracker,
+    TrackerThread,
+    WandBTracker,
+    build_trackers,
+    register_tracker_class,
+)
+from tests.wandb_records import read_run
 
 
 def _read_jsonl(path) -> list[dict]:
@@ -34,11 +47,15 @@ def test_build_trackers_by_name(tmp_path):
             tracker.finish()
 
 
-def test_build_trackers_all_and_none(tmp_path):
+def test_build_trackers_all_and_none(tmp_path, monkeypatch):
     assert build_trackers(None, run_name="run", logging_dir=tmp_path) == []
+    # "all": every tracker whose library is installed (the dev extra installs MLflow and W&B), as Accelerate's.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     trackers = build_trackers("all", run_name="run", logging_dir=tmp_path)
     try:
-        assert sorted(t.name for t in trackers) == ["jsonl", "tensorboard"]
+        assert sorted(t.name for t in trackers) == ["csv", "jsonl", "mlflow", "tensorboard", "wandb"]
     finally:
         for tracker in trackers:
             tracker.finish()
@@ -62,11 +79,11 @@ def test_build_trackers_passes_tracker_instances_through():
 def test_build_trackers_unknown_name_raises(tmp_path):
     with pytest.raises(ValueError, match=r"log_with='wandbx' is not a known tracker") as info:
         build_trackers("wandbx", run_name="run", logging_dir=tmp_path)
-    assert "['jsonl', 'tensorboard']" in str(info.value)
+    assert "['csv', 'jsonl', 'mlflow', 'tensorboard', 'wandb']" in str(info.value)
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("name", ["jsonl", "tensorboard"])
+@pytest.mark.parametrize("name", ["jsonl", "tensorboard", "csv"])
 def test_build_trackers_needs_logging_dir(name):
     with pytest.raises(ValueError, match=f"The {name} tracker needs a logging directory"):
         build_trackers(name, run_name="run", logging_dir=None)
@@ -117,9 +134,11 @@ def test_jsonl_one_line_per_log_call(tmp_path):
 
 def test_jsonl_appends_across_trackers(tmp_path):
     first = JSONLTracker("run", tmp_path)
+    first.start()  # a tracker built by hand is started by hand (init_trackers starts those it is given)
     first.log({"x": 1}, step=1)
     first.finish()
     second = JSONLTracker("run", tmp_path)
+    second.start()
     second.log({"x": 2}, step=2)
     second.finish()
     assert [(r["step"], r["x"]) for r in _read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [(1, 1), (2, 2)]
@@ -127,6 +146,7 @@ def test_jsonl_appends_across_trackers(tmp_path):
 
 def test_jsonl_store_init_configuration(tmp_path):
     tracker = JSONLTracker("run", tmp_path)
+    tracker.start()
     config = {"lr": 0.1, "optimizer": {"name": "adam", "betas": [0.9, 0.99]}, "device": torch.device("cpu")}
     tracker.store_init_configuration(config)
     tracker.finish()
@@ -159,6 +179,7 @@ def test_tensorboard_store_init_configuration_writes_hparams(tmp_path):
     from tensorboard.plugins.hparams import api_pb2, plugin_data_pb2
 
     tracker = TensorBoardTracker("hp", tmp_path)
+    tracker.start()
     tracker.store_init_configuration({"lr": 0.1, "optimizer": {"name": "adam", "betas": (0.9, 0.99)}})
     tracker.log({"eval/accuracy": 0.5, "train/loss": 2.0}, step=1)
     tracker.log({"eval/accuracy": 0.75, "note": "text is not a metric"}, step=2)
@@ -187,3 +208,215 @@ def test_tensorboard_store_init_configuration_writes_hparams(tmp_path):
     # ...and the session as finished.
     end = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_end_info"]).session_end_info
     assert end.status == api_pb2.STATUS_SUCCESS
+
+
+# ---------------------------------------------------------------------------------------------- CSV
+
+
+def _csv_rows(path) -> list[dict]:
+    import csv
+
+    with path.open(newline="") as file:
+        return [{key: value for key, value in row.items() if value} for row in csv.DictReader(file)]
+
+
+def test_csv_adds_a_column_per_new_metric_and_a_continued_file_replaces_the_steps_logged_again(tmp_path):
+    first = CSVTracker("", tmp_path)
+    first.start()
+    first.log({"loss": torch.tensor(1.0), "note": "text is not a number"}, step=1)
+    first.log_records([({"loss": 0.5}, 2, {}), ({"acc": 0.1, "nested": {"a": 1}}, 2, {}), ({"loss": 0.25}, 3, {})])
+    # No finish: the attempt died after step 3, and its checkpoint is at step 2.
+    path = tmp_path / "metrics.csv"
+    assert path.read_text().splitlines()[0] == "step,loss,acc"  # the header widened once, when acc came
+    second = CSVTracker("", tmp_path)
+    second.start()
+    second.log({"loss": 0.3}, step=3)  # the resumed run logs step 3 again: the earlier row is replaced
+    second.log({"loss": 0.2, "lr": 1e-3}, step=4)
+    second.finish()
+    assert _csv_rows(path) == [
+        {"step": "1", "loss": "1.0"}, {"step": "2", "loss": "0.5"}, {"step": "2", "acc": "0.1"},
+        {"step": "3", "loss": "0.3"}, {"step": "4", "loss": "0.2", "lr": "0.001"},
+    ]  # fmt: skip
+
+
+def test_csv_keeps_a_file_that_is_not_its_own(tmp_path):
+    (tmp_path / "metrics.csv").write_text("epoch,accuracy\n1,0.5\n")
+    tracker = CSVTracker("", tmp_path)
+    tracker.start()
+    tracker.log({"loss": 2.0}, step=1)
+    tracker.finish()
+    assert (tmp_path / "metrics.csv.old").read_text() == "epoch,accuracy\n1,0.5\n"
+    assert _csv_rows(tmp_path / "metrics.csv") == [{"step": "1", "loss": "2.0"}]
+
+
+# ---------------------------------------------------------------------------------------------- MLflow
+
+
+def test_mlflow_logs_params_steps_text_and_artifacts_into_its_sqlite_store_and_continues_a_run(tmp_path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = MLflowTracker("exp", logging_dir=tmp_path / "artifacts", run_name="first", tags={"team": "a"},
+                            tracking_uri=uri)  # fmt: skip
+    tracker.start()
+    tracker.store_init_configuration({"lr": 0.1, "model": {"hidden": 8, "kind": "mlp"}, "tags": [1, 2]})
+    tracker.log_records([({"loss": torch.tensor(2.0)}, 1, {}), ({"loss": 1.5, "eval": {"acc": 0.5}}, 2, {})])
+    tracker.log({"samples": "to be or not"}, step=2)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "weights.bin").write_bytes(b"0123")
+    (tmp_path / "metrics.json").write_text("{}")
+    tracker.log_artifact(tmp_path / "model")
+    tracker.log_artifact(tmp_path / "metrics.json")
+    tracker.finish()
+
+    client = MlflowClient(uri)
+    run = client.get_run(tracker.run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "first" and run.data.tags["team"] == "a"
+    assert run.data.params == {"lr": "0.1", "model.hidden": "8", "model.kind": "mlp", "tags": "[1, 2]"}
+    assert [(m.step, m.value) for m in client.get_metric_history(tracker.run_id, "loss")] == [(1, 2.0), (2, 1.5)]
+    assert [(m.step, m.value) for m in client.get_metric_history(tracker.run_id, "eval.acc")] == [(2, 0.5)]
+    listed = {entry.path for entry in client.list_artifacts(tracker.run_id)}
+    assert listed == {"metrics.json", "model", "samples"}
+    assert [entry.path for entry in client.list_artifacts(tracker.run_id, "model")] == ["model/weights.bin"]
+    assert (tmp_path / "artifacts").is_dir()  # a new experiment keeps its artifacts where logging_dir says
+
+    # A resume: the same run goes on; steps it has are not logged twice, a changed param becomes a tag.
+    again = MLflowTracker("exp", run_id=tracker.run_id, tracking_uri=uri)
+    again.start()
+    assert client.get_run(tracker.run_id).info.status == "RUNNING"
+    again.store_init_configuration({"lr": 0.2, "model": {"hidden": 8, "kind": "mlp"}, "seed": 3})
+    again.log_records([({"loss": 9.0}, 2, {}), ({"loss": 1.0}, 3, {})])
+    again.finish()
+    run = client.get_run(tracker.run_id)
+    assert [(m.step, m.value) for m in client.get_metric_history(tracker.run_id, "loss")] == [
+        (1, 2.0), (2, 1.5), (3, 1.0)
+    ]  # fmt: skip
+    assert run.data.params["lr"] == "0.1" and run.data.params["seed"] == "3"
+    assert run.data.tags["changed_on_resume.lr"] == "0.2" and run.info.status == "FINISHED"
+    assert len(client.search_runs([run.info.experiment_id])) == 1
+
+
+def test_mlflow_runs_of_one_group_go_under_one_parent(tmp_path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    children = []
+    for name in ("job-0", "job-1"):
+        tracker = MLflowTracker("exp", run_name=name, tracking_uri=uri, group="sweep-7", group_lock=tmp_path / "lock")
+        tracker.start()
+        tracker.finish()
+        children.append(tracker)
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("exp").experiment_id])
+    (parent,) = [run for run in runs if run.data.tags.get("runner.group") == "sweep-7"]
+    assert parent.info.run_name == "sweep-7" and parent.info.status == "FINISHED"
+    assert {child.parent_run_id for child in children} == {parent.info.run_id}
+    assert sorted(run.data.tags.get("mlflow.parentRunId") for run in runs if run is not parent) == [
+        parent.info.run_id
+    ] * 2  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- W&B
+
+
+def test_wandb_offline_run_holds_the_config_history_text_and_artifacts_and_a_resume_keeps_its_id(tmp_path):
+    kwargs = {"mode": "offline", "dir": str(tmp_path), "name": "first", "group": "sweep-7"}
+    tracker = WandBTracker("project", **kwargs)
+    tracker.start()
+    tracker.store_init_configuration({"lr": 0.1, "model": {"hidden": 8}})
+    for step in (1, 2, 3):
+        tracker.log({"loss": 1.0 / step}, step=step)
+    tracker.log({"samples": "to be or not"}, step=3)
+    (tmp_path / "metrics.json").write_text("{}")
+    tracker.log_artifact(tmp_path / "metrics.json")
+    run_id = tracker.run_id
+    assert get_unwrapped(tracker) is tracker.run
+    tracker.finish()
+    again = WandBTracker("project", **kwargs, id=run_id, resume="allow")
+    again.start()
+    again.log({"loss": 0.2}, step=4)
+    again.finish()
+
+    first, second = (read_run(path) for path in sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb")))
+    assert (first["id"], second["id"]) == (run_id, run_id) and first["group"] == "sweep-7"
+    assert first["config"]["lr"] == 0.1 and first["config"]["model"] == {"hidden": 8}
+    assert [(row["_step"], row["loss"]) for row in first["history"]] == [(1, 1.0), (2, 0.5), (3, 1 / 3)]
+    assert first["history"][-1]["samples"] == "to be or not"
+    assert [(a["type"], a["files"]) for a in first["artifacts"]] == [("file", ["metrics.json"])]
+    assert [(row["_step"], row["loss"]) for row in second["history"]] == [(4, 0.2)]
+
+
+def get_unwrapped(tracker):
+    return tracker.tracker
+
+
+# ---------------------------------------------------------------------------------------------- the thread
+
+
+class Memory(GeneralTracker):
+    name = "memory"
+
+    def __init__(self, name="memory", fail_at=None):
+        super().__init__()
+        self.name, self.fail_at, self.logged, self.calls = name, fail_at, [], []
+
+    def log(self, values, step=None, **kwargs):
+        if self.fail_at is not None and step >= self.fail_at:
+            raise ConnectionError("the server went away\nsecond line")
+        self.logged.append((step, values, kwargs))
+
+    def log_artifact(self, local_path, artifact_path=None):
+        self.calls.append(("artifact", local_path, artifact_path))
+
+    def finish(self):
+        self.calls.append(("finish",))
+
+
+def test_the_tracker_thread_calls_every_tracker_in_order_and_drops_one_that_fails_with_one_warning(caplog):
+    good, bad = Memory(), Memory("flaky", fail_at=3)
+    thread = TrackerThread([good, bad])
+    loss = torch.tensor(1.0)
+    for step in range(1, 6):
+        thread.log({"loss": loss, "note": "x"}, step, {"memory": {"extra": step}})
+        loss.add_(1.0)  # read when logged: the thread sees 1.0, 2.0, ... whatever the tensor holds later
+    thread.log_artifact("model", "model", ["memory"])
+    thread.close()
+    assert [(step, values["loss"]) for step, values, _ in good.logged] == [(s, float(s)) for s in range(1, 6)]
+    assert [kwargs for _, _, kwargs in good.logged] == [{"extra": s} for s in range(1, 6)]
+    assert [step for step, _, _ in bad.logged] == [1, 2]
+    assert good.calls == [("artifact", "model", "model"), ("finish",)] and bad.calls == []
+    warnings = [r.getMessage() for r in caplog.records if "tracker failed" in r.getMessage()]
+    assert warnings == [
+        "The flaky tracker failed (ConnectionError: the server went away) and logs nothing more in this run; "
+        "training goes on, and metrics.json and the other trackers keep every value."
+    ]
+    assert thread.trackers == []
+
+
+def test_register_tracker_class_lets_log_with_name_it_and_the_accelerator_runs_it(tmp_path):
+    class Registered(Memory):
+        name = "registered"
+
+        def __init__(self, run_name):  # a named tracker is built as Accelerate builds it: cls(project_name, ...)
+            super().__init__("registered")
+            self.run_name = run_name
+
+    with pytest.raises(ValueError, match="takes a GeneralTracker subclass"):
+        register_tracker_class(dict)
+    with pytest.raises(ValueError, match="needs a name of its own"):
+        register_tracker_class(type("Nameless", (Memory,), {"name": "general"}))
+    register_tracker_class(Registered)
+    try:
+        accelerator = Accelerator(cpu=True, project_dir=tmp_path, log_with=["registered", "csv"])
+        accelerator.init_trackers("", config={"lr": 0.1})
+        accelerator.log({"loss": torch.tensor(0.5)}, step=1)
+        mine = accelerator.get_tracker("registered")  # waits until what was logged has reached it
+        assert isinstance(mine, Registered) and mine.logged == [(1, {"loss": 0.5}, {})]
+        assert accelerator.get_tracker("csv", unwrap=True) is accelerator.get_tracker("csv").tracker
+        with pytest.raises(ValueError, match="No tracker named 'wandb' was started"):
+            accelerator.get_tracker("wandb")
+        accelerator.end_training()
+        assert mine.calls == [("finish",)] and accelerator.trackers == []
+        assert _csv_rows(tmp_path / "metrics.csv") == [{"step": "1", "loss": "0.5"}]
+    finally:
+        del TRACKERS["registered"]
