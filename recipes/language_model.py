@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.utils.data import DataLoader, RandomSampler
 
+from runner import trackers
 from runner.components import build, build_datasets
 from runner.data.text import VOCAB_FILE, CharVocab
 from runner.engine import Accelerator, CheckpointError, set_seed
@@ -134,7 +135,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
             )
         accelerator.load_state(cfg.resume)
         logger.info("Resumed at step %d (epoch %d) from %s", progress.step, train_loader.iteration, cfg.resume)
-    accelerator.init_trackers("", config=OmegaConf.to_container(cfg, resolve=True))
+    trackers.start(accelerator, cfg)
 
     peak_flops = peak_bf16_flops(accelerator.device)
 
@@ -174,5 +175,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
         write_text_atomically(project_dir / SAMPLES_FILE, "\n\n---\n\n".join(samples) + "\n")
         summary = {**loop.metrics, "step": progress.step, "epoch": train_loader.iteration}
         write_metrics(project_dir / METRICS_FILE, summary)
+        accelerator.log({"samples": "\n\n---\n\n".join(samples)}, step=progress.step)  # text, where a tracker takes it
+        trackers.finish(accelerator, cfg)
     accelerator.end_training()
     return loop.objective(cfg.objective.metric)

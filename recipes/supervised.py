@@ -14,8 +14,9 @@ import logging
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from runner import trackers
 from runner.components import (
     batch_size,
     build,
@@ -98,7 +99,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     if cfg.resume:
         accelerator.load_state(cfg.resume)
         logger.info("Resumed at step %d (epoch %d) from %s", progress.step, train_loader.iteration, cfg.resume)
-    accelerator.init_trackers("", config=OmegaConf.to_container(cfg, resolve=True))
+    trackers.start(accelerator, cfg)
 
     def evaluate_split() -> dict[str, float]:
         return evaluate(model, eval_loader, accelerator, loss_fn=loss_fn, metrics=metrics)
@@ -130,5 +131,6 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
         save_pretrained_config(accelerator.unwrap_model(model), project_dir / MODEL_DIR)  # transformers: config.json
         summary = {**loop.metrics, "step": progress.step, "epoch": train_loader.iteration}
         write_metrics(project_dir / METRICS_FILE, summary)
+        trackers.finish(accelerator, cfg)
     accelerator.end_training()
     return loop.objective(cfg.objective.metric)

@@ -30,7 +30,8 @@ STRATEGIES = ("none", "ddp", "fsdp")
 # The mesh of parallel=fsdp, as runner.engine.ParallelismConfig takes it, without importing the engine:
 DP_SHARD_AUTO = "auto"  # parallel.dp_shard: the processes the other sizes leave (mesh.REST_OF_THE_WORLD)
 TP_STYLES = ("colwise", "rowwise", "sequence")  # parallel.tp_plan's values (tensor_parallel.STYLE_NAMES)
-TRACKERS = ("tensorboard", "none")
+TRACKERS = ("tensorboard", "csv", "mlflow", "wandb")  # built-in trackers: tracker.<name> keys
+WANDB_MODES = ("online", "offline", "disabled")
 # Built-in recipes by name; ``classification`` is the supervised loop under its earlier name.
 RECIPES = {
     "supervised": "recipes.supervised",
@@ -106,9 +107,37 @@ class ProjectConfig:
     checksum: str = CHECKSUM_CHOICES[0]  # the digest checkpoints record of every file
 
 
+# Trackers: the ``tracker`` node maps each tracker's name to its keys (tracker=[tensorboard,mlflow] selects
+# several presets; Hydra merges them). A name that is not built in is a node with a _target_ (a GeneralTracker).
 @dataclass
-class TrackerConfig:
-    name: str = "tensorboard"
+class MLflowTrackerConfig:
+    tracking_uri: str | None = None  # null: sqlite:///<run folder>/mlflow.db (a sweep's: <sweep folder>/mlflow.db)
+    experiment_name: str = "runner"
+    run_name: str | None = None  # null: the run folder's name (a sweep job: its overrides)
+    group: str | None = None  # a parent run the run is shown under; null: a sweep's own (its folder), else none
+    tags: dict[str, str] = field(default_factory=dict)
+    log_model: bool = True  # the final model/ folder as artifacts (with metrics.json)
+
+
+@dataclass
+class WandBTrackerConfig:
+    project: str = "runner"
+    entity: str | None = None  # null: your default entity
+    mode: str = "online"  # online, offline (sync later with `wandb sync`), or disabled
+    dir: str | None = None  # null: the run folder (W&B writes <dir>/wandb/)
+    name: str | None = None  # null: the run folder's name (a sweep job: its overrides)
+    group: str | None = None  # null: a sweep's jobs are grouped by the sweep folder
+    tags: list[str] = field(default_factory=list)
+    log_model: bool = True  # the final model/ folder as an artifact (with metrics.json)
+
+
+def upgrade_tracker_node(config: Any) -> None:
+    """A config saved before trackers were a mapping had ``tracker: {name: tensorboard}``: give it the
+    mapping (``{tensorboard: {}}``; ``none`` is no entry), so its run folders resume as before."""
+    tracker = config.get("tracker") if hasattr(config, "get") else None
+    if tracker is not None and set(tracker.keys()) == {"name"} and isinstance(tracker["name"], str):
+        name = tracker["name"]
+        config["tracker"] = {} if name == "none" else {name: {}}
 
 
 # ------------------------------------------------------------------------------- one schema per option
@@ -204,7 +233,7 @@ class RunnerConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     project: ProjectConfig = field(default_factory=ProjectConfig)
-    tracker: TrackerConfig = field(default_factory=TrackerConfig)
+    tracker: Any = field(default_factory=dict)  # tracker name -> its keys (conf/tracker/)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     model: Any = MISSING
     optimizer: Any = MISSING
@@ -223,6 +252,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
     "scheduler": {"cosine": WarmupCosineConfig, "constant": ConstantScheduleConfig},
     "parallel": {"none": NoParallelConfig, "ddp": DDPConfig, "fsdp": FSDPConfig},
+    "tracker": {"mlflow": MLflowTrackerConfig, "wandb": WandBTrackerConfig},
 }
 
 

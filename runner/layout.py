@@ -4,6 +4,7 @@
 <run>/logs/                TensorBoard events
 <run>/metrics.json         the final metrics and step
 <run>/samples.txt          text the language-model recipe generates at the end
+<run>/trackers.json        the MLflow and W&B run ids (tracker=mlflow, wandb), which a resume continues
 <run>/model/               the final weights (model.safetensors; Hugging Face's config.json for its models)
 <run>/.hydra/              Hydra's record of the composed config and the overrides typed
 <run>/checkpoints/checkpoint_N/config.yaml, overrides.yaml   the run's config and overrides, in every checkpoint
@@ -19,6 +20,7 @@ LOGS_DIR = "logs"
 METRICS_FILE = "metrics.json"
 MODEL_DIR = "model"
 SAMPLES_FILE = "samples.txt"
+TRACKERS_FILE = "trackers.json"  # the MLflow / W&B run ids a resume continues
 HYDRA_DIR = ".hydra"
 HYDRA_OVERRIDES_FILE = "overrides.yaml"  # in HYDRA_DIR: the overrides as typed
 CONFIG_FILE = "config.yaml"  # in each checkpoint: the resolved config a resume starts from
@@ -59,12 +61,19 @@ def link_error(path: Path):
     )
 
 
+WANDB_DIR = "wandb"  # tracker=wandb: W&B's own folder (it links latest-run and its logs, some to ~/.cache/wandb)
+
+
 def check_no_links(folder: Path) -> None:
     """Raise :class:`ConfigError` naming a symbolic link anywhere inside ``folder`` (none if it does not exist).
+
+    What is inside ``folder/wandb/`` is not walked: W&B writes it (links among them: ``latest-run``, its logs),
+    and the runner never reads or writes there. ``wandb`` itself must not be a link.
 
     Raises:
         ConfigError: One sentence naming the link, where it points, and the fix.
     """
+    wandb = Path(folder) / WANDB_DIR
     pending = [Path(folder)]
     while pending:
         current = pending.pop()
@@ -76,5 +85,5 @@ def check_no_links(folder: Path) -> None:
             for entry in entries:
                 if entry.is_symlink():
                     raise link_error(Path(entry.path))
-                if entry.is_dir(follow_symlinks=False):
+                if entry.is_dir(follow_symlinks=False) and Path(entry.path) != wandb:
                     pending.append(Path(entry.path))

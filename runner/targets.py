@@ -87,6 +87,25 @@ def check_targets(cfg: Any) -> None:
     _walk({name: value for name, value in cfg.items() if name != "hydra"}, key="")
     if isinstance(cfg.get("recipe"), str):
         check_recipe(cfg["recipe"])
+    _check_tracker_targets(cfg)
+
+
+def _check_tracker_targets(cfg: Any) -> None:
+    """Each tracker node with a ``_target_`` names a GeneralTracker subclass (its import and keys are checked
+    with every target's)."""
+    from runner.config import TRACKERS
+
+    trackers = (cfg.get("tracker") if hasattr(cfg, "get") else None) or {}
+    for name, node in trackers.items():
+        if name in TRACKERS or not hasattr(node, "get") or not isinstance(node.get("_target_"), str):
+            continue
+        target = locate(node["_target_"], key=f"tracker.{name}._target_")
+        bases = {f"{base.__module__}.{base.__qualname__}" for base in getattr(target, "__mro__", ())}
+        if "runner.engine.tracking.GeneralTracker" not in bases:
+            raise ConfigError(
+                f"tracker.{name}._target_={node['_target_']} is not a tracker; name a subclass of "
+                "runner.engine.GeneralTracker (with a name, and log(values, step))."
+            )
 
 
 def check_recipe(recipe: str) -> None:

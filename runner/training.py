@@ -166,7 +166,7 @@ class TrainingLoop:
         if preemption.agreed(self.accelerator, self.step):  # a stop signal reached some process: all stop here
             if self.last_checkpoint != self.step:
                 self.checkpoint()
-            self.accelerator.wait_for_checkpoint()
+            self.accelerator.end_training()  # the checkpoint committed, the trackers took everything logged
             raise preemption.Preempted(preemption.received() or "a peer's signal", self.step)
 
     def log_training(self, *, lr: float) -> None:

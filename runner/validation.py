@@ -27,6 +27,7 @@ from runner.config import (
     STRATEGIES,
     TP_STYLES,
     TRACKERS,
+    WANDB_MODES,
     ConfigError,
     FSDPConfig,
     GPTConfig,
@@ -100,7 +101,7 @@ def validate(cfg: DictConfig) -> None:
     if not 0 <= cfg.seed < 2**63:
         raise ConfigError(f"seed={cfg.seed} must be between 0 and 2**63-1 (torch's generators take 64 bits).")
     _check_option_values(cfg)
-    _choice(cfg, "tracker.name", TRACKERS)
+    _check_trackers(cfg)
     _choice(cfg, "parallel.strategy", STRATEGIES)
     if cfg.parallel.strategy == "fsdp":
         _choice(cfg, "parallel.state_dict", ("sharded", "full"))
@@ -124,6 +125,42 @@ def validate(cfg: DictConfig) -> None:
     _check_loss_and_metrics(cfg)
     _check_recipe_fits(cfg)
     _check_objective(cfg)
+
+
+_TRACKER_PACKAGES = {"mlflow": "mlflow", "wandb": "wandb"}
+
+
+def _check_trackers(cfg: DictConfig) -> None:
+    """``tracker`` maps names to nodes: a built-in tracker's keys, or a node with a ``_target_`` (your own
+    GeneralTracker); a built-in tracker's library is installed."""
+    trackers = cfg.get("tracker")
+    if trackers is None:
+        return
+    if not isinstance(trackers, DictConfig):
+        raise ConfigError(
+            f"tracker={OmegaConf.to_container(trackers) if OmegaConf.is_config(trackers) else trackers!r} is not a "
+            f"mapping of trackers; choose presets with tracker=tensorboard or tracker=[tensorboard,mlflow]."
+        )
+    for name, node in trackers.items():
+        if name in TRACKERS:
+            package = _TRACKER_PACKAGES.get(name)
+            if package is not None and importlib.util.find_spec(package) is None:
+                raise ConfigError(
+                    f"tracker={name} needs the {package} package, which is not installed; install it with "
+                    f'pip install -e ".[{name}]" (or pip install {package}), or choose another tracker.'
+                )
+            continue
+        if isinstance(node, DictConfig) and "_target_" in node:
+            continue
+        close = difflib.get_close_matches(str(name), TRACKERS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"tracker.{name} is not a tracker{hint}; use one of {', '.join(TRACKERS)}, or give it a _target_ "
+            f"naming your GeneralTracker subclass (+tracker.{name}._target_=my_package.MyTracker)."
+        )
+    mode = OmegaConf.select(cfg, "tracker.wandb.mode")
+    if "wandb" in trackers and mode not in WANDB_MODES:
+        _one_of("tracker.wandb.mode", mode, WANDB_MODES)
 
 
 def _check_option_values(cfg: DictConfig) -> None:

@@ -18,7 +18,7 @@ from typing import NoReturn
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from runner import preemption
+from runner import preemption, trackers
 from runner.cli import RUNTIME_ERROR, USAGE_ERROR
 from runner.cli import resume as resumes
 from runner.cli.command_line import CommandLine
@@ -143,6 +143,7 @@ def _resolve(cfg: DictConfig, command: CommandLine | None, job) -> tuple[DictCon
 def _check_machine(cfg: DictConfig, project_dir: Path) -> None:
     """The run folder is writable, and a multi-node rendezvous can be reached (or hosted, on node 0)."""
     check_writable(project_dir, "project.project_dir")
+    trackers.check_reachable(cfg)
     if cfg.trainer.num_nodes > 1 and cfg.trainer.node_rank == 0:
         check_rendezvous_port(cfg.trainer.rdzv_endpoint)
     elif cfg.trainer.num_nodes > 1:
@@ -157,6 +158,10 @@ def _launch(cfg: DictConfig, overrides: list[str], project_dir: Path, job) -> fl
 
     config = OmegaConf.to_container(cfg, resolve=True)
     config["project"]["project_dir"] = str(project_dir)
+    trackers.settle(
+        config, project_dir, sweep_dir=None if job is None else job.folder.parent,
+        job_name=",".join(job.overrides)[:250] if job is not None and job.overrides else None,
+    )  # fmt: skip
     stamp("validate and check data")
     environment = LaunchEnvironment.read()  # after Slurm's ranks are set
     # One launching process per run takes the folder: torchrun's rank 0, node 0 of several.

@@ -159,9 +159,11 @@ def resumed_config(checkpoint: Path, new_overrides: list[str]) -> DictConfig:
 
     The overrides are parsed with Hydra's grammar, exactly as on a fresh command line.
     """
-    from runner.config import RunnerConfig
+    from runner.config import RunnerConfig, upgrade_tracker_node
 
-    cfg = OmegaConf.merge(OmegaConf.structured(RunnerConfig), OmegaConf.load(checkpoint / CONFIG_FILE))
+    saved = OmegaConf.load(checkpoint / CONFIG_FILE)
+    upgrade_tracker_node(saved)
+    cfg = OmegaConf.merge(OmegaConf.structured(RunnerConfig), saved)
     OmegaConf.set_struct(cfg, True)
     for override in parsed.parse(new_overrides):
         key = override.key_or_group

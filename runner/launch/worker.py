@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner import preemption
+from runner import preemption, trackers
 from runner.config import FSDPConfig
 from runner.launch.environment import LaunchEnvironment
 from runner.layout import CONFIG_FILE, LOG_FILE, LOGS_DIR, OVERRIDES_FILE
@@ -77,7 +77,7 @@ def build_accelerator(cfg: DictConfig):
         mixed_precision=cfg.trainer.mixed_precision,
         gradient_accumulation_steps=cfg.trainer.gradient_accumulation_steps,
         cpu=cfg.trainer.cpu,
-        log_with=None if cfg.tracker.name == "none" else cfg.tracker.name,
+        log_with=trackers.build(cfg),
         project_config=ProjectConfiguration(
             str(project_dir),
             logging_dir=str(project_dir / LOGS_DIR),

@@ -73,6 +73,11 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
           f"{closed}", "trainer.rdzv_timeout=2", f"project.project_dir={tmp_path / 'node1'}"], 2,
          f"trainer.rdzv_endpoint=127.0.0.1:{closed}: nothing answered there within 2 s (trainer.rdzv_timeout); start "
          "node 0"),
+        ([*common, "tracker=mlflow", f"tracker.mlflow.tracking_uri=http://127.0.0.1:{closed}",
+          f"hydra.run.dir={tmp_path / 'mlflow_down'}"], 2, f"tracker.mlflow.tracking_uri=http://127.0.0.1:{closed} "
+         "cannot be reached ([Errno 111] Connection refused); start the MLflow server or fix the address"),
+        ([*common, "tracker=[tensorboard,wandb]", f"hydra.run.dir={tmp_path / 'wandb_online'}"], 2, "tracker=wandb "
+         "in mode online needs a W&B login: run `wandb login` or set WANDB_API_KEY, or set tracker.wandb.mode=offline"),
     ]  # fmt: skip
     # Values refused before launch: nothing is written, not even the run folder.
     cores = os.cpu_count()
@@ -118,7 +123,8 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
     ]  # fmt: skip
     # Each is refused before a run starts: one Python process takes them all through the entry point (torch is
     # imported once), as a user's `runner` would.
-    results = run_cli_refusals([arguments for arguments, _, _ in refusals], cwd=tmp_path)
+    no_wandb_login = {"WANDB_API_KEY": "", "NETRC": str(tmp_path / "no-netrc")}
+    results = run_cli_refusals([arguments for arguments, _, _ in refusals], cwd=tmp_path, env=no_wandb_login)
     for (arguments, code, sentence), result in zip(refusals, results, strict=True):
         _assert_one_sentence(arguments, result["returncode"], result["stderr"], code, sentence)
     busy.close()

@@ -98,7 +98,19 @@ def test_mnist_ddp_runs_two_processes_with_ddp():
         (["trainer.checkpoint_every_n_steps=0"], "trainer.checkpoint_every_n_steps=0 must be at least 1 (or null)."),
         (['data.train_split="tes[:5"'], "data.train_split='tes[:5' is not a split"),
         (["data.train_split=test[:5]"], "Cannot parse the override 'data.train_split=test[:5]'"),
-        (["tracker=wandb"], "tracker=wandb is not an option; choose one of none, tensorboard"),
+        (["tracker=comet"], "tracker=comet is not an option; choose one of csv, mlflow, none, tensorboard, wandb"),
+        (
+            ["+tracker.tensorbord={}"],
+            "tracker.tensorbord is not a tracker (did you mean 'tensorboard'?); use one of tensorboard, csv, mlflow, "
+            "wandb, or give it a _target_ naming your GeneralTracker subclass",
+        ),
+        (["tracker=wandb", "tracker.wandb.mode=onlin"], "tracker.wandb.mode='onlin' is not supported (did you mean"),
+        (["tracker=mlflow", "tracker.mlflow.tracking_urii=x"], "did you mean 'tracker.mlflow.tracking_uri'?"),
+        (
+            ["+tracker.mine._target_=collections.OrderedDict"],
+            "tracker.mine._target_=collections.OrderedDict is not a tracker; name a subclass of "
+            "runner.engine.GeneralTracker",
+        ),
         (
             ["recipe=classificaton"],
             "recipe='classificaton' is neither a built-in recipe (did you mean 'classification'?)",
@@ -135,6 +147,33 @@ def test_bad_overrides_get_one_sentence_naming_the_key(overrides, message):
     text = str(info.value)
     assert message in text
     assert "\n" not in text
+
+
+@pytest.mark.parametrize("tracker", ["mlflow", "wandb"])
+def test_a_tracker_whose_library_is_not_installed_is_one_sentence_naming_the_extra(tracker, monkeypatch):
+    import importlib.util
+
+    installed = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == tracker else installed(name, *a))
+    with pytest.raises(ConfigError) as info:
+        check_overrides([f"tracker=[tensorboard,{tracker}]"])
+    assert str(info.value) == (
+        f"tracker={tracker} needs the {tracker} package, which is not installed; install it with "
+        f'pip install -e ".[{tracker}]" (or pip install {tracker}), or choose another tracker.'
+    )
+
+
+def test_trackers_compose_as_a_list_and_a_run_folder_saved_with_the_old_tracker_key_resumes(tmp_path):
+    from runner.cli.resume import resumed_config
+
+    cfg = composed("tracker=[tensorboard,csv,mlflow]")
+    assert list(cfg.tracker) == ["tensorboard", "csv", "mlflow"] and cfg.tracker.mlflow.tracking_uri is None
+    assert dict(composed("tracker=none").tracker) == {}
+    saved = OmegaConf.to_container(composed(), resolve=False)
+    for old, new in (("tensorboard", {"tensorboard": {}}), ("none", {})):
+        saved["tracker"] = {"name": old}  # what runs saved before trackers were a mapping
+        OmegaConf.save(OmegaConf.create(saved), tmp_path / "config.yaml")
+        assert OmegaConf.to_container(resumed_config(tmp_path, []).tracker) == new
 
 
 def test_sweeps_are_checked_with_their_first_value():

@@ -144,3 +144,24 @@ def test_every_folder_the_command_line_names_is_checked(tmp_path):
         with pytest.raises(ConfigError, match="run.log is a symbolic link"):
             check_run_folders([f"{key}={folder}"])
     check_run_folders(["hydra.run.dir=outputs/${now:%H}", "resume=null"])  # Hydra's to resolve; nothing to resume
+
+
+def test_what_wandb_writes_in_its_own_folder_is_not_walked_but_the_folder_may_not_be_a_link(tmp_path):
+    run = tmp_path / "run"
+    offline = run / "wandb" / "offline-run-1-abc"
+    (offline / "logs").mkdir(parents=True)
+    (run / "wandb" / "latest-run").symlink_to(offline)  # what W&B writes itself
+    (offline / "logs" / "debug-core.log").symlink_to(tmp_path / "cache.log")  # W&B links its core's log out
+    check_no_links(run)
+    (run / "logs").mkdir()
+    (run / "logs" / "metrics.csv").symlink_to(tmp_path / "elsewhere.csv")  # anywhere else: refused
+    with pytest.raises(ConfigError) as refused:
+        check_no_links(run)
+    assert str(refused.value) == _sentence(run / "logs" / "metrics.csv", tmp_path / "elsewhere.csv")
+    (run / "logs" / "metrics.csv").unlink()
+    moved = tmp_path / "moved"
+    (run / "wandb").rename(moved)
+    (run / "wandb").symlink_to(moved)  # the folder itself a link: refused
+    with pytest.raises(ConfigError) as refused:
+        check_no_links(run)
+    assert str(refused.value) == _sentence(run / "wandb", moved)

@@ -1,0 +1,197 @@
+"""``tracker=``: TensorBoard, CSV, MLflow (its own SQLite store), W&B (offline) and your own trackers at once on 2
+processes; a resume continues the same tracked runs with no step missing or repeated; a tracker that fails is
+warned about once and the run goes on; a sweep's jobs are MLflow runs under one parent. Read back with each
+library's own reader (MlflowClient, W&B's record schema, TensorBoard's EventAccumulator)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+
+from tests.e2e.conftest import metrics, mnist_args, run_cli
+from tests.wandb_records import read_run
+
+mlflow = pytest.importorskip("mlflow")
+pytest.importorskip("wandb")
+
+# Your own trackers, in the folder the runs start from (as a user's package beside their configs).
+MY_TRACKERS = '''
+import json
+from pathlib import Path
+
+from runner.engine import GeneralTracker
+
+
+class FileTracker(GeneralTracker):
+    """Appends each call as a JSON line to ``path``."""
+
+    name = "file"
+    requires_logging_directory = False
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = Path(path)
+
+    def start(self):
+        self.file = self.path.open("a")
+
+    def store_init_configuration(self, values):
+        self.file.write(json.dumps({"seed": values["seed"]}) + "\\n")
+
+    def log(self, values, step=None, **kwargs):
+        numbers = {k: v for k, v in values.items() if isinstance(v, (int, float))}
+        self.file.write(json.dumps({"step": step, **numbers}) + "\\n")
+        self.file.flush()
+
+    def finish(self):
+        self.file.write(json.dumps({"finished": True}) + "\\n")
+        self.file.close()
+
+
+class BrokenTracker(GeneralTracker):
+    """Its server goes away at step ``fail_at``."""
+
+    name = "broken"
+    requires_logging_directory = False
+
+    def __init__(self, fail_at):
+        super().__init__()
+        self.fail_at = fail_at
+
+    def log(self, values, step=None, **kwargs):
+        if step is not None and step >= self.fail_at:
+            raise ConnectionError("the server went away")
+'''
+CUT, END = 4, 8
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory):
+    """A 2-process run with every tracker, cut at step 4 (checkpoint 2 and 4), then resumed to step 8."""
+    base = tmp_path_factory.mktemp("trackers")
+    (base / "my_trackers.py").write_text(MY_TRACKERS)
+    run = base / "run"
+    arguments = [
+        *mnist_args("test[:512]", "test[9900:]"), "trainer.num_processes=2", "parallel=ddp",
+        "trainer.log_every_n_steps=1", "trainer.eval_every_n_steps=2", "trainer.checkpoint_every_n_steps=2",
+        "tracker=[tensorboard,csv,mlflow,wandb]", "tracker.wandb.mode=offline",
+        "+tracker.file._target_=my_trackers.FileTracker", f"+tracker.file.path={base / 'file.jsonl'}",
+        "+tracker.broken._target_=my_trackers.BrokenTracker", "+tracker.broken.fail_at=3",
+    ]  # fmt: skip
+    cut = run_cli(*arguments, f"trainer.max_steps={CUT}", f"hydra.run.dir={run}", cwd=base)
+    assert cut.returncode == 0, cut.stderr[-3000:]
+    resumed = run_cli(f"resume={run}", f"trainer.max_steps={END}", cwd=base)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return base, run, cut.stderr + resumed.stderr
+
+
+def _every_step_once(steps: list[int]) -> None:
+    assert steps == list(range(1, END + 1)), steps
+
+
+def test_mlflow_run_holds_the_config_every_step_and_the_artifacts_and_the_resume_continues_it(tracked):
+    _, run, _ = tracked
+    recorded = json.loads((run / "trackers.json").read_text())["mlflow"]
+    assert recorded["tracking_uri"] == f"sqlite:///{run / 'mlflow.db'}"  # the default: a SQLite file in the run
+    client = mlflow.MlflowClient(recorded["tracking_uri"])
+    (only,) = client.search_runs([client.get_experiment_by_name("runner").experiment_id])
+    assert only.info.run_id == recorded["run_id"]  # the resume continued the run: one run, not two
+    assert only.info.status == "FINISHED" and only.info.run_name == f"{run.parent.name}/{run.name}"
+    params = only.data.params
+    assert params["trainer.num_processes"] == "2" and params["parallel.strategy"] == "ddp"
+    assert params["project.project_dir"] == str(run)  # the run folder
+    assert params["trainer.max_steps"] == str(CUT)  # a param never changes in MLflow: the change is a tag
+    assert only.data.tags["changed_on_resume.trainer.max_steps"] == str(END)
+    losses = client.get_metric_history(only.info.run_id, "train/loss")
+    _every_step_once([metric.step for metric in losses])
+    evals = client.get_metric_history(only.info.run_id, "eval/accuracy")
+    assert [metric.step for metric in evals] == [2, 4, 6, 8]
+    final = metrics(run)
+    assert evals[-1].value == pytest.approx(final["eval/accuracy"]) and final["step"] == END
+    assert losses[-1].value == pytest.approx(final["train/loss"])
+    artifacts = {entry.path for entry in client.list_artifacts(only.info.run_id)}
+    assert artifacts == {"metrics.json", "model"}
+    model = {entry.path for entry in client.list_artifacts(only.info.run_id, "model")}
+    assert "model/model.safetensors" in model
+    local = mlflow.artifacts.download_artifacts(
+        run_id=only.info.run_id, artifact_path="metrics.json", tracking_uri=recorded["tracking_uri"]
+    )
+    assert json.loads(open(local).read()) == final
+    assert (run / "mlartifacts").is_dir()  # the artifacts stay in the run folder too
+
+
+def test_csv_has_a_column_per_metric_and_each_step_once(tracked):
+    _, run, _ = tracked
+    with (run / "logs" / "metrics.csv").open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert list(rows[0])[:4] == ["step", "train/loss", "train/lr", "train/samples_per_second"]
+    assert {"eval/loss", "eval/accuracy"} <= set(rows[0])
+    train = [row for row in rows if row["train/loss"]]
+    _every_step_once([int(row["step"]) for row in train])
+    assert [int(row["step"]) for row in rows if row["eval/accuracy"]] == [2, 4, 6, 8]
+    assert float(train[-1]["train/loss"]) == pytest.approx(metrics(run)["train/loss"], rel=1e-12)
+
+
+def test_wandb_offline_runs_hold_the_history_and_the_resume_continues_the_same_run(tracked):
+    _, run, _ = tracked
+    recorded = json.loads((run / "trackers.json").read_text())["wandb"]
+    attempts = [read_run(path) for path in sorted((run / "wandb").glob("offline-run-*/run-*.wandb"))]
+    assert len(attempts) == 2 and {attempt["id"] for attempt in attempts} == {recorded["run_id"]}
+    assert all(attempt["name"] == f"{run.parent.name}/{run.name}" for attempt in attempts)
+    steps = [row["_step"] for attempt in attempts for row in attempt["history"] if "train/loss" in row]
+    _every_step_once(steps)  # `wandb sync` of both offline folders makes one run with no gap and no repeat
+    last = attempts[-1]["history"][-1]
+    assert last["eval/accuracy"] == pytest.approx(metrics(run)["eval/accuracy"])
+    assert attempts[0]["config"]["trainer"]["num_processes"] == 2
+    final = attempts[-1]["artifacts"]
+    assert {(a["type"], tuple(a["files"])) for a in final} >= {("file", ("metrics.json",))}
+    assert any(a["type"] == "model" and "model.safetensors" in a["files"] for a in final)
+
+
+def test_tensorboard_gets_every_step_once_across_the_resume(tracked):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, run, _ = tracked
+    steps = []
+    for events in sorted((run / "logs").glob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        steps += [event.step for event in accumulator.Scalars("train/loss")]
+    _every_step_once(steps)
+
+
+def test_own_tracker_gets_every_call_and_a_failing_one_is_warned_about_once(tracked):
+    base, run, stderr = tracked
+    lines = [json.loads(line) for line in (base / "file.jsonl").read_text().splitlines()]
+    assert [line for line in lines if "seed" in line] == [{"seed": 42}] * 2  # started by each attempt
+    assert sum(line == {"finished": True} for line in lines) == 2
+    _every_step_once([line["step"] for line in lines if "train/loss" in line])
+    warning = "The broken tracker failed (ConnectionError: the server went away) and logs nothing more in this run"
+    log = (run / "run.log").read_text()
+    assert log.count(warning) == 2 and stderr.count(warning) == 2  # once per attempt, and nothing else broke
+    assert "Traceback" not in stderr
+    final = metrics(run)
+    assert final["step"] == END and math.isfinite(final["eval/loss"])  # metrics.json is complete
+
+
+def test_sweep_jobs_are_mlflow_runs_under_one_parent(tmp_path):
+    sweep = tmp_path / "sweep"
+    done = run_cli(
+        "-m", *mnist_args("test[:128]", "test[9950:]"), "trainer.max_steps=2", "trainer.log_every_n_steps=1",
+        "tracker=mlflow",
+        "optimizer.lr=1e-3,2e-3", f"hydra.sweep.dir={sweep}", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{sweep / 'mlflow.db'}")  # one store for the sweep, in its folder
+    runs = client.search_runs([client.get_experiment_by_name("runner").experiment_id])
+    (parent,) = [r for r in runs if "runner.group" in r.data.tags]
+    jobs = sorted((r for r in runs if r is not parent), key=lambda r: r.info.run_name)
+    assert parent.data.tags["runner.group"] == parent.info.run_name == f"{sweep.parent.name}/{sweep.name}"
+    assert [r.data.tags.get("mlflow.parentRunId") for r in jobs] == [parent.info.run_id] * 2
+    assert [r.data.params["optimizer.lr"] for r in jobs] == ["0.001", "0.002"]
+    assert ["optimizer.lr=0.001" in r.info.run_name for r in jobs] == [True, False]
+    for job in jobs:
+        assert [m.step for m in client.get_metric_history(job.info.run_id, "train/loss")] == [1, 2]
