@@ -1,6 +1,6 @@
 """Every benchmark runs (its --quick mode) through bench/all.py, so none of them rots. No timing is asserted here.
 
-One test per benchmark, so that none takes the whole minute the seven take together.
+One test per benchmark, so that none takes the whole minute they take together.
 """
 
 import importlib.util
@@ -47,6 +47,10 @@ def test_every_benchmark_runs_and_reports_its_ratios(tmp_path, name):
         assert "engine / raw" in report["ratios"]
     if name == "checkpoint":
         assert report["values"]["parameters"] == 16 * (512 * 512 + 512)
+    if name == "trackers":  # every tracker beside none, on the tiny loop and on the CNN step (the target's)
+        assert {label for label in report["ratios"] if label.startswith("cnn: ")} == {
+            f"cnn: {tracker} / none" for tracker in ("tensorboard", "csv", "mlflow", "wandb", "all")
+        }
     if name == "startup":
         assert report["values"]["--help imports torch"] == 0  # --help never imports torch
         assert report["values"]["rejected override imports torch"] == 0

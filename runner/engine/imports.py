@@ -37,6 +37,10 @@ def is_wandb_available() -> bool:
     return _is_package_available("wandb")
 
 
+def is_mlflow_available() -> bool:
+    return _is_package_available("mlflow")
+
+
 def is_torchvision_available() -> bool:
     return _is_package_available("torchvision")
 

@@ -165,15 +165,23 @@ class TensorBoardTracker(GeneralTracker):
         self.writer.flush()
 
     def _add(self, values: dict[str, Any], step: int | None, **kwargs) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        scalars = []  # one event for a call's scalars (add_scalar writes one per scalar: 2x the cost)
         for key, value in values.items():
             scalar = _scalar(value)
             if scalar is not None:
-                self.writer.add_scalar(key, scalar, global_step=step, **kwargs)
+                if kwargs:  # add_scalar's own options (walltime, new_style, ...)
+                    self.writer.add_scalar(key, scalar, global_step=step, **kwargs)
+                else:
+                    scalars.append(Summary.Value(tag=key, simple_value=float(scalar)))
                 self._scalar_tags.add(key)
             elif isinstance(value, str):
                 self.writer.add_text(key, value, global_step=step, **kwargs)
             elif isinstance(value, dict):
                 self.writer.add_scalars(key, {k: _scalar(v) for k, v in value.items()}, global_step=step)
+        if scalars:
+            self.writer.file_writer.add_summary(Summary(value=scalars), step)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs) -> None:
         self._add(values, step, **kwargs)
@@ -627,16 +635,20 @@ def _importable(tracker_class: type[GeneralTracker]) -> bool:
 class TrackerThread:
     """Calls the trackers on one background thread, in the order they were asked: ``log`` returns at once.
 
-    Consecutive ``log`` calls waiting in the queue reach each tracker as one :meth:`GeneralTracker.log_records`
-    batch. A tracker that raises is reported once (its name and the error) and called no more; the others
-    and the training go on. :meth:`flush` waits until everything asked so far is done.
+    The thread sends at most every ``interval`` seconds: what was logged meanwhile reaches each tracker as
+    one :meth:`GeneralTracker.log_records` batch (one database transaction for MLflow, one flush of the event
+    file for TensorBoard), so a fast loop pays each tracker's fixed costs a few times a second, not every
+    step. :meth:`flush`, an artifact and :meth:`close` do not wait for the interval. A tracker that raises is
+    reported once (its name and the error) and called no more; the others and the training go on.
     """
 
     _STOP = object()
+    interval = 0.5  # seconds: how stale a tracker's view may be while the run logs
 
     def __init__(self, trackers: list[GeneralTracker]) -> None:
         self.trackers = list(trackers)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._urgent = threading.Event()  # a flush, an artifact or the end: send now
         self._thread: threading.Thread | None = None
 
     def _ensure_thread(self) -> None:
@@ -653,12 +665,14 @@ class TrackerThread:
         if self.trackers:
             self._ensure_thread()
             self._queue.put(("artifact", str(local_path), artifact_path, names))
+            self._urgent.set()
 
     def flush(self) -> None:
         """Wait until every call asked so far has reached the trackers."""
         if self._thread is not None and self._thread.is_alive():
             done = threading.Event()
             self._queue.put(("flush", done))
+            self._urgent.set()
             done.wait()
 
     def call(self, method: str, *args, names=None) -> None:
@@ -673,6 +687,7 @@ class TrackerThread:
         self.flush()
         if self._thread is not None and self._thread.is_alive():
             self._queue.put((self._STOP,))
+            self._urgent.set()
             self._thread.join()
         self.call("finish")
         self.trackers = []
@@ -710,6 +725,8 @@ class TrackerThread:
                 elif item[0] == "artifact":
                     self.call("log_artifact", item[1], item[2], names=item[3])
             self._send(records)
+            self._urgent.wait(self.interval)  # let the next batch gather, unless someone waits for it
+            self._urgent.clear()
 
     def _send(self, records: list[tuple[dict, int | None, dict]]) -> None:
         if not records:

@@ -16,6 +16,7 @@ from runner.engine.imports import (
     is_torchvision_available,
     is_transformers_available,
     is_wandb_available,
+    is_mlflow_available,
     is_xpu_available,
 )
 from runner.engine.launchers import debug_launcher, notebook_launcher
@@ -71,6 +72,7 @@ __all__ = [
     "is_torchvision_available",
     "is_transformers_available",
     "is_wandb_available",
+    "is_mlflow_available",
     "is_xpu_available",
     "load_checkpoint_in_model",
     "notebook_launcher",

@@ -8,8 +8,33 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from runner.engine import Accelerator, DistributedDataParallelKwargs, GradScalerKwargs
+from runner.engine import Accelerator, DistributedDataParallelKwargs, GeneralTracker, GradScalerKwargs
 from tests.helpers import train
+
+
+class _EveryRank(GeneralTracker):
+    """A tracker that asks to run on every process, not only the main one."""
+
+    name = "every_rank"
+    main_process_only = False
+
+    def __init__(self):
+        super().__init__()
+        self.logged = []
+
+    def log(self, values, step=None, **kwargs):
+        self.logged.append((step, values))
+
+
+def _trackers(folder: str) -> dict:
+    every = _EveryRank()
+    accelerator = Accelerator(project_dir=folder, log_with=["csv", every])
+    accelerator.init_trackers("", config={"seed": 1})
+    accelerator.log({"loss": 1.0 + accelerator.process_index}, step=1)
+    started = [tracker.name for tracker in accelerator.trackers]
+    csv_here = type(accelerator.get_tracker("csv")).__name__  # flushes: what was logged has arrived
+    accelerator.end_training()
+    return {"started": started, "every_rank": every.logged, "csv": csv_here}
 
 
 def _behaviour(marker_dir):
@@ -34,6 +59,7 @@ def _behaviour(marker_dir):
     fp16 = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=256.0)])
     weights = train(fp16, batch_size=4, epochs=3)
     return {
+        "trackers": _trackers(str(Path(marker_dir) / "tracked")),
         "main_first": main_first,
         "find_unused": model.find_unused_parameters,
         "synced_draw": synced_draw,
@@ -52,3 +78,12 @@ def test_accelerator_behaviour_on_two_processes(launch, tmp_path):
         assert torch.equal(value, rank1["fp16_weights"][key]), key  # DDP keeps replicas identical under fp16
         assert torch.isfinite(value).all()
     assert (rank0["local_rank"], rank0["local_main"], rank1["local_rank"], rank1["local_main"]) == (0, True, 1, False)
+    # Trackers run on the main process, and on every process those whose class says main_process_only = False;
+    # elsewhere get_tracker gives a stand-in that does nothing.
+    assert rank0["trackers"] == {
+        "started": ["csv", "every_rank"],
+        "every_rank": [(1, {"loss": 1.0})],
+        "csv": "CSVTracker",
+    }
+    assert rank1["trackers"] == {"started": ["every_rank"], "every_rank": [(1, {"loss": 2.0})], "csv": "_BlankTracker"}
+    assert (tmp_path / "tracked" / "metrics.csv").read_text().splitlines() == ["step,loss", "1,1.0"]

@@ -68,6 +68,12 @@ def test_shakespeare_gpt_learns_samples_and_keeps_its_vocabulary(tmp_path):
     samples = (run / "samples.txt").read_text(encoding="utf-8").rstrip("\n").split("\n\n---\n\n")
     assert [len(sample) for sample in samples] == [300, 300, 300]
     assert set("".join(samples)) <= set(vocab.chars) and len(set(samples)) == 3
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "logs"))
+    events.Reload()
+    (text,) = events.Tensors("samples/text_summary")  # the trackers get the samples as text, at the last step
+    assert text.step == 30 and text.tensor_proto.string_val[0].decode() == "\n\n---\n\n".join(samples)
 
     log = (run / "run.log").read_text()
     assert "GPT with 0.01M parameters, vocabulary of 65 characters" in log

@@ -16,6 +16,7 @@ PACKAGE_PROBES = {
     "is_torchvision_available": "torchvision",
     "is_transformers_available": "transformers",
     "is_wandb_available": "wandb",
+    "is_mlflow_available": "mlflow",
 }
 
 

@@ -167,6 +167,14 @@ def test_runner_help_lists_the_script_commands():
     usage = done.stdout.split("Config groups")[0]
     assert "runner launch [--num_processes N ...] script.py [args]" in usage
     assert "runner config | runner env" in usage
+    # Each tracker preset's keys, as conf/tracker/ and runner.config's schemas have them.
+    from runner.config import MLflowTrackerConfig, WandBTrackerConfig
+
+    trackers = done.stdout.split("Trackers:")[1].split("`python -m runner --cfg job")[0]
+    listed = {line.split()[0]: line for line in trackers.replace("\n" + " " * 15, " ").splitlines()[1:] if line}
+    assert list(listed) == ["tensorboard", "csv", "mlflow", "wandb", "your"]
+    for name, schema in (("mlflow", MLflowTrackerConfig), ("wandb", WandBTrackerConfig)):
+        assert all(f"{key}" in listed[name] for key in schema.__dataclass_fields__), listed[name]
 
 
 @pytest.mark.parametrize(
