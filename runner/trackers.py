@@ -27,7 +27,6 @@ from runner.config import ConfigError
 from runner.layout import LOGS_DIR, METRICS_FILE, MODEL_DIR, TRACKERS_FILE
 
 logger = logging.getLogger("runner")
-_GROUP_LOCK = ".mlflow-group.lock"
 
 
 def settle(config: dict[str, Any], project_dir: Path, *, sweep_dir: Path | None, job_name: str | None) -> None:
@@ -71,7 +70,7 @@ def build(cfg: DictConfig) -> list:
                     run_name=keys["run_name"],
                     tracking_uri=keys["tracking_uri"],
                     group=keys["group"],
-                    group_lock=project_dir.parent / _GROUP_LOCK,
+                    store_lock=f"{sqlite}.lock" if sqlite else None,  # a sweep's parallel jobs share the file
                 )
             )
         elif name == "wandb":

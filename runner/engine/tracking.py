@@ -339,8 +339,9 @@ class MLflowTracker(GeneralTracker):
         parent_run_id: Show this run under that one.
         group: Show this run under the group's parent run: one per group name and experiment, found by its
             tag ``runner.group`` or created (and marked finished: it only holds its runs). A sweep's jobs.
-        group_lock: A file locked while the parent is found or created, so that runs starting at once
-            (a sweep's parallel jobs) make one.
+        store_lock: A file locked while the store is first opened (a new SQLite file gets its tables) and the
+            experiment and the group's parent are found or created, so that runs starting at once on one
+            store (a sweep's parallel jobs) do each of those once.
 
     A continued run keeps what it has: a metric's steps up to the last one it already logged are not
     logged again (an exact resume gives the same values), and a parameter it already has is not changed
@@ -365,7 +366,7 @@ class MLflowTracker(GeneralTracker):
         tracking_uri: str | None = None,
         parent_run_id: str | None = None,
         group: str | None = None,
-        group_lock: str | os.PathLike | None = None,
+        store_lock: str | os.PathLike | None = None,
     ) -> None:
         super().__init__()
         tags = os.environ.get("MLFLOW_TAGS", tags)
@@ -375,7 +376,7 @@ class MLflowTracker(GeneralTracker):
         self.tags = {str(k): str(v) for k, v in (json.loads(tags) if isinstance(tags, str) else tags or {}).items()}
         self.nested_run, self.run_name, self.description = nested_run, run_name, description
         self.tracking_uri, self.parent_run_id = tracking_uri, parent_run_id
-        self.group, self.group_lock = group, group_lock
+        self.group, self.store_lock = group, store_lock
         self.client = None
         self._logged_through: dict[str, int] = {}  # a continued run: each metric's last logged step
 
@@ -393,10 +394,11 @@ class MLflowTracker(GeneralTracker):
             for key, value in self.tags.items():
                 self.client.set_tag(self.run_id, key, value)
             return
-        experiment_id = self._experiment_id()
+        with _locked(self.store_lock):
+            experiment_id = self._experiment_id()
+            if self.group and self.parent_run_id is None:
+                self.parent_run_id = self._group_run(experiment_id)
         tags = dict(self.tags)
-        if self.group and self.parent_run_id is None:
-            self.parent_run_id = self._group_run(experiment_id)
         if self.parent_run_id:
             tags["mlflow.parentRunId"] = self.parent_run_id
         if self.description:
@@ -412,16 +414,15 @@ class MLflowTracker(GeneralTracker):
         return self.client.create_experiment(self.experiment_name, artifact_location=self.logging_dir)
 
     def _group_run(self, experiment_id: str) -> str:
-        with _locked(self.group_lock):
-            quoted = self.group.replace("\\", "\\\\").replace("'", "\\'")
-            found = self.client.search_runs(
-                [experiment_id], filter_string=f"tags.`{GROUP_TAG}` = '{quoted}'", max_results=1
-            )
-            if found:
-                return found[0].info.run_id
-            parent = self.client.create_run(experiment_id, run_name=self.group, tags={GROUP_TAG: self.group})
-            self.client.set_terminated(parent.info.run_id)
-            return parent.info.run_id
+        quoted = self.group.replace("\\", "\\\\").replace("'", "\\'")
+        found = self.client.search_runs(
+            [experiment_id], filter_string=f"tags.`{GROUP_TAG}` = '{quoted}'", max_results=1
+        )
+        if found:
+            return found[0].info.run_id
+        parent = self.client.create_run(experiment_id, run_name=self.group, tags={GROUP_TAG: self.group})
+        self.client.set_terminated(parent.info.run_id)
+        return parent.info.run_id
 
     @property
     def tracker(self):

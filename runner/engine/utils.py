@@ -9,6 +9,7 @@ from runner.engine.imports import (
     is_cuda_available,
     is_datasets_available,
     is_deepspeed_available,
+    is_mlflow_available,
     is_mps_available,
     is_npu_available,
     is_tensorboard_available,
@@ -16,7 +17,6 @@ from runner.engine.imports import (
     is_torchvision_available,
     is_transformers_available,
     is_wandb_available,
-    is_mlflow_available,
     is_xpu_available,
 )
 from runner.engine.launchers import debug_launcher, notebook_launcher
@@ -65,6 +65,7 @@ __all__ = [
     "is_cuda_available",
     "is_datasets_available",
     "is_deepspeed_available",
+    "is_mlflow_available",
     "is_mps_available",
     "is_npu_available",
     "is_tensorboard_available",
@@ -72,7 +73,6 @@ __all__ = [
     "is_torchvision_available",
     "is_transformers_available",
     "is_wandb_available",
-    "is_mlflow_available",
     "is_xpu_available",
     "load_checkpoint_in_model",
     "notebook_launcher",

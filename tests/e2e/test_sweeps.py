@@ -174,7 +174,7 @@ def test_optuna_searches_three_trials_and_the_summary_ranks_them(tmp_path):
 def test_joblib_runs_ddp_jobs_at_once_within_a_thread_budget(tmp_path):
     sweep = tmp_path / "parallel"
     done = run_cli("-m", "hydra/launcher=joblib", "experiment=mnist_ddp", *TINY, "optimizer.lr=1e-3,3e-3",
-                   f"hydra.sweep.dir={sweep}", cwd=tmp_path)  # fmt: skip
+                   "tracker=[tensorboard,mlflow]", f"hydra.sweep.dir={sweep}", cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "validated against ConfigStore schema" not in done.stderr
     jobs = [_job(sweep / str(i)) for i in range(2)]
@@ -184,6 +184,24 @@ def test_joblib_runs_ddp_jobs_at_once_within_a_thread_budget(tmp_path):
     spans = [(datetime.fromisoformat(job["started_at"]), datetime.fromisoformat(job["ended_at"])) for job in jobs]
     assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # the two jobs overlapped in time
     assert metrics(sweep / "0")["step"] == metrics(sweep / "1")["step"] == 4
+
+    # tracker=mlflow: the jobs are runs of one store in the sweep folder, under one parent run, which the two
+    # jobs starting at once made once (its lookup is under a lock in the sweep folder).
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{sweep / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("runner").experiment_id])
+    (parent,) = [run for run in runs if "runner.group" in run.data.tags]
+    children = sorted((run for run in runs if run is not parent), key=lambda run: run.data.params["optimizer.lr"])
+    assert parent.data.tags["runner.group"] == parent.info.run_name == f"{sweep.parent.name}/{sweep.name}"
+    assert [run.data.tags.get("mlflow.parentRunId") for run in children] == [parent.info.run_id] * 2
+    assert [run.data.params["optimizer.lr"] for run in children] == ["0.001", "0.003"]
+    assert ["optimizer.lr=0.001" in children[0].info.run_name, "optimizer.lr=0.003" in children[1].info.run_name] == [
+        True, True
+    ]  # a job's run is named by its overrides  # fmt: skip
+    for run in children:
+        assert run.info.status == "FINISHED"
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/accuracy")] == [4]
 
 
 def test_a_stop_signal_stops_the_sweep_with_a_checkpoint_and_the_same_command_continues_it(tmp_path):

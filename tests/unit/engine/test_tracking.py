@@ -302,7 +302,7 @@ def test_mlflow_runs_of_one_group_go_under_one_parent(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     children = []
     for name in ("job-0", "job-1"):
-        tracker = MLflowTracker("exp", run_name=name, tracking_uri=uri, group="sweep-7", group_lock=tmp_path / "lock")
+        tracker = MLflowTracker("exp", run_name=name, tracking_uri=uri, group="sweep-7", store_lock=tmp_path / "lock")
         tracker.start()
         tracker.finish()
         children.append(tracker)
