@@ -383,7 +383,12 @@ class MLflowTracker(GeneralTracker):
     def start(self) -> None:
         from mlflow import MlflowClient
 
-        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        with _locked(self.store_lock):  # the client opens the store: a new SQLite file gets its tables now
+            self.client = MlflowClient(tracking_uri=self.tracking_uri)
+            if self.run_id is None:
+                experiment_id = self._experiment_id()
+                if self.group and self.parent_run_id is None:
+                    self.parent_run_id = self._group_run(experiment_id)
         if self.run_id is not None:
             run = self.client.get_run(self.run_id)
             self.client.update_run(self.run_id, status="RUNNING")
@@ -394,10 +399,6 @@ class MLflowTracker(GeneralTracker):
             for key, value in self.tags.items():
                 self.client.set_tag(self.run_id, key, value)
             return
-        with _locked(self.store_lock):
-            experiment_id = self._experiment_id()
-            if self.group and self.parent_run_id is None:
-                self.parent_run_id = self._group_run(experiment_id)
         tags = dict(self.tags)
         if self.parent_run_id:
             tags["mlflow.parentRunId"] = self.parent_run_id

@@ -316,6 +316,35 @@ def test_mlflow_runs_of_one_group_go_under_one_parent(tmp_path):
     ] * 2  # fmt: skip
 
 
+def _start_in_group(uri, lock, name, barrier, parents):
+    tracker = MLflowTracker("exp", run_name=name, tracking_uri=uri, group="sweep-7", store_lock=lock)
+    barrier.wait()  # all at once, on a database file that does not exist yet
+    tracker.start()
+    tracker.finish()
+    parents.put(tracker.parent_run_id)
+
+
+def test_mlflow_runs_starting_at_once_on_a_new_sqlite_file_make_its_tables_and_their_parent_once(tmp_path):
+    """A sweep's parallel jobs: without the lock, MLflow's table creation ran in each and one failed
+    ('duplicate column name', or an alembic version mismatch)."""
+    import multiprocessing
+
+    from mlflow import MlflowClient
+
+    uri, lock = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "mlflow.db.lock"
+    context = multiprocessing.get_context("fork")
+    barrier, parents = context.Barrier(3), context.Queue()
+    jobs = [context.Process(target=_start_in_group, args=(uri, lock, f"job-{i}", barrier, parents)) for i in range(3)]
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join(timeout=120)
+    assert [job.exitcode for job in jobs] == [0, 0, 0]
+    found = {parents.get(timeout=10) for _ in jobs}
+    runs = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("exp").experiment_id])
+    assert len(found) == 1 and len(runs) == 4  # one parent, three jobs
+
+
 # ---------------------------------------------------------------------------------------------- W&B
 
 
