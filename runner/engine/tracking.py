@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import csv
+import io
 import json
 import logging
 import os
@@ -80,11 +81,8 @@ class GeneralTracker(abc.ABC):
     main_process_only = True
 
     def __init__(self, _blank: bool = False) -> None:
-        if _blank:
-            return
-        missing = [attribute for attribute in ("name", "requires_logging_directory") if not hasattr(self, attribute)]
-        if missing:
-            raise NotImplementedError(f"The tracker class {type(self).__name__} does not define {', '.join(missing)}.")
+        """``_blank``: Accelerate's flag for a stand-in; the class attributes above are the defaults a subclass
+        overrides (``register_tracker_class`` insists on a ``name`` of its own)."""
 
     @property
     def tracker(self) -> Any:
@@ -279,8 +277,11 @@ class CSVTracker(GeneralTracker):
         from runner.files import write_text_atomically
 
         self._file.close()
-        lines: list[list[str]] = [self.columns] + [[row.get(column) or "" for column in self.columns] for row in rows]
-        write_text_atomically(self.path, "".join(",".join(_csv_field(v) for v in line) + "\r\n" for line in lines))
+        text = io.StringIO()
+        writer = csv.writer(text)
+        writer.writerow(self.columns)
+        writer.writerows([row.get(column) or "" for column in self.columns] for row in rows)
+        write_text_atomically(self.path, text.getvalue())
         self._file = self.path.open("a", newline="", encoding="utf-8")
 
     def _add(self, values: dict[str, Any], step: int | None) -> None:
@@ -319,11 +320,6 @@ def _csv_value(value: Any) -> Any:
     return "" if value is None else repr(value) if isinstance(value, float) else value
 
 
-def _csv_field(value: Any) -> str:
-    text = str(value)
-    return f'"{text.replace(chr(34), chr(34) * 2)}"' if any(c in text for c in ',"\r\n') else text
-
-
 class MLflowTracker(GeneralTracker):
     """An MLflow run, through ``mlflow.MlflowClient`` (any tracking URI: a SQLite file, a server, Databricks).
 
@@ -332,7 +328,8 @@ class MLflowTracker(GeneralTracker):
         logging_dir: Where a new experiment keeps its artifacts (default: the tracking store's choice).
         run_id: Continue this run (its status goes back to running); ``MLFLOW_RUN_ID`` wins.
         tags: Tags for the run (a dict, or its JSON); ``MLFLOW_TAGS`` wins.
-        nested_run: Accelerate's flag; with ``parent_run_id`` the run is shown under that parent.
+        nested_run: Show this run under the run active in this process (``mlflow.start_run``), as
+            Accelerate's; ``MLFLOW_NESTED_RUN`` wins.
         run_name: A new run's name.
         description: The run's description.
         tracking_uri: Where runs are stored (default: ``MLFLOW_TRACKING_URI``, else MLflow's default).
@@ -374,15 +371,20 @@ class MLflowTracker(GeneralTracker):
         self.logging_dir = None if logging_dir is None else str(logging_dir)
         self.run_id = os.environ.get("MLFLOW_RUN_ID", run_id) or None
         self.tags = {str(k): str(v) for k, v in (json.loads(tags) if isinstance(tags, str) else tags or {}).items()}
-        self.nested_run, self.run_name, self.description = nested_run, run_name, description
+        nested = os.environ.get("MLFLOW_NESTED_RUN", nested_run)
+        self.nested_run = nested if isinstance(nested, bool) else str(nested).lower() in ("1", "true", "yes")
+        self.run_name, self.description = run_name, description
         self.tracking_uri, self.parent_run_id = tracking_uri, parent_run_id
         self.group, self.store_lock = group, store_lock
         self.client = None
         self._logged_through: dict[str, int] = {}  # a continued run: each metric's last logged step
 
     def start(self) -> None:
+        import mlflow
         from mlflow import MlflowClient
 
+        if self.nested_run and self.parent_run_id is None and (active := mlflow.active_run()) is not None:
+            self.parent_run_id = active.info.run_id
         with _locked(self.store_lock):  # the client opens the store: a new SQLite file gets its tables now
             self.client = MlflowClient(tracking_uri=self.tracking_uri)
             if self.run_id is None:

@@ -345,6 +345,22 @@ def test_mlflow_runs_starting_at_once_on_a_new_sqlite_file_make_its_tables_and_t
     assert len(found) == 1 and len(runs) == 4  # one parent, three jobs
 
 
+def test_mlflow_nested_run_goes_under_the_run_active_in_this_process(tmp_path):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    try:
+        with mlflow.start_run(run_name="outer") as outer:
+            inner = MLflowTracker("Default", nested_run=True, tracking_uri=uri)
+            inner.start()
+            inner.finish()
+        assert inner.parent_run_id == outer.info.run_id
+        assert mlflow.MlflowClient(uri).get_run(inner.run_id).data.tags["mlflow.parentRunId"] == outer.info.run_id
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
 # ---------------------------------------------------------------------------------------------- W&B
 
 
