@@ -48,7 +48,8 @@ from runner.engine.precision import (
 from runner.engine.prepared import PreparedObjects
 from runner.engine.rng import synchronize_rng_states
 from runner.engine.serialization import save_model_files, save_safetensors
-from runner.engine.tracking import GeneralTracker, TrackerThread, _BlankTracker, build_trackers
+from runner.engine.tracker_thread import TrackerThread
+from runner.engine.tracking import GeneralTracker, _BlankTracker, build_trackers
 from runner.files import write_atomically
 
 _SCHEDULER_TYPES = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)

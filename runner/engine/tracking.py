@@ -6,9 +6,9 @@ logging directory, is built cheaply and does its work in ``start()``, then takes
 that ``log_with`` can then name.
 
 Trackers run on the main process only unless their class sets ``main_process_only = False``. The
-Accelerator hands their calls to :class:`TrackerThread`: one background thread that calls them in
-order, so a training step never waits for a file, a database or a network (values are read off
-tensors when logged). A tracker that raises is reported once and dropped; training goes on.
+Accelerator hands their calls to :class:`runner.engine.tracker_thread.TrackerThread`: one background
+thread that calls them in order, so a training step never waits for a file, a database or a network.
+A tracker that raises is reported once and dropped; training goes on.
 
 Each library is imported in ``start()``, never at engine import.
 """
@@ -22,8 +22,6 @@ import io
 import json
 import logging
 import os
-import queue
-import threading
 import time
 from numbers import Number
 from pathlib import Path
@@ -40,19 +38,6 @@ def _scalar(value: Any) -> float | int | None:
     if hasattr(value, "item") and (getattr(value, "numel", lambda: 0)() == 1 or getattr(value, "size", 0) == 1):
         return value.item()  # a one-element tensor or NumPy array
     return None
-
-
-def plain_values(values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` with one-element tensors and NumPy scalars as Python numbers, nested dicts too: what a
-    background thread may read later, whatever happens to the tensors meanwhile."""
-    plain: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            plain[key] = plain_values(value)
-        else:
-            scalar = _scalar(value)
-            plain[key] = value if scalar is None else scalar
-    return plain
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -634,107 +619,3 @@ def _importable(tracker_class: type[GeneralTracker]) -> bool:
 
     package = _PACKAGES.get(tracker_class.name)
     return package is None or importlib.util.find_spec(package) is not None
-
-
-class TrackerThread:
-    """Calls the trackers on one background thread, in the order they were asked: ``log`` returns at once.
-
-    The thread sends at most every ``interval`` seconds: what was logged meanwhile reaches each tracker as
-    one :meth:`GeneralTracker.log_records` batch (one database transaction for MLflow, one flush of the event
-    file for TensorBoard), so a fast loop pays each tracker's fixed costs a few times a second, not every
-    step. :meth:`flush`, an artifact and :meth:`close` do not wait for the interval. A tracker that raises is
-    reported once (its name and the error) and called no more; the others and the training go on.
-    """
-
-    _STOP = object()
-    interval = 0.5  # seconds: how stale a tracker's view may be while the run logs
-
-    def __init__(self, trackers: list[GeneralTracker]) -> None:
-        self.trackers = list(trackers)
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._urgent = threading.Event()  # a flush, an artifact or the end: send now
-        self._thread: threading.Thread | None = None
-
-    def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="runner-trackers", daemon=True)
-            self._thread.start()
-
-    def log(self, values: dict[str, Any], step: int | None, log_kwargs: dict[str, dict] | None) -> None:
-        if self.trackers:
-            self._ensure_thread()
-            self._queue.put(("log", plain_values(values), step, log_kwargs or {}))
-
-    def log_artifact(self, local_path: str | os.PathLike, artifact_path: str | None, names=None) -> None:
-        if self.trackers:
-            self._ensure_thread()
-            self._queue.put(("artifact", str(local_path), artifact_path, names))
-            self._urgent.set()
-
-    def flush(self) -> None:
-        """Wait until every call asked so far has reached the trackers."""
-        if self._thread is not None and self._thread.is_alive():
-            done = threading.Event()
-            self._queue.put(("flush", done))
-            self._urgent.set()
-            done.wait()
-
-    def call(self, method: str, *args, names=None) -> None:
-        """Call ``method`` of every tracker (or those ``names`` names) now, on this thread, reporting and
-        dropping those that raise."""
-        for tracker in list(self.trackers):
-            if names is None or tracker.name in names:
-                self._guarded(tracker, method, *args)
-
-    def close(self) -> None:
-        """Flush, then finish every tracker and stop the thread."""
-        self.flush()
-        if self._thread is not None and self._thread.is_alive():
-            self._queue.put((self._STOP,))
-            self._urgent.set()
-            self._thread.join()
-        self.call("finish")
-        self.trackers = []
-
-    def _guarded(self, tracker: GeneralTracker, method: str, *args) -> None:
-        try:
-            getattr(tracker, method)(*args)
-        except Exception as error:  # a tracker never stops the training
-            self.trackers = [t for t in self.trackers if t is not tracker]
-            logger.warning(
-                "The %s tracker failed (%s: %s) and logs nothing more in this run; training goes on, and "
-                "metrics.json and the other trackers keep every value.",
-                tracker.name, type(error).__name__, str(error).splitlines()[0] if str(error) else "",
-            )  # fmt: skip
-
-    def _run(self) -> None:
-        while True:
-            items = [self._queue.get()]
-            while True:  # take what else is waiting: one batch per tracker
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            records: list[tuple[dict, int | None, dict]] = []
-            for item in items:
-                if item[0] == "log":
-                    records.append(item[1:])
-                    continue
-                self._send(records)
-                records = []
-                if item[0] is self._STOP:
-                    return
-                if item[0] == "flush":
-                    item[1].set()
-                elif item[0] == "artifact":
-                    self.call("log_artifact", item[1], item[2], names=item[3])
-            self._send(records)
-            self._urgent.wait(self.interval)  # let the next batch gather, unless someone waits for it
-            self._urgent.clear()
-
-    def _send(self, records: list[tuple[dict, int | None, dict]]) -> None:
-        if not records:
-            return
-        for tracker in list(self.trackers):
-            mine = [(values, step, kwargs.get(tracker.name, {})) for values, step, kwargs in records]
-            self._guarded(tracker, "log_records", mine)

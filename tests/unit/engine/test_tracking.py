@@ -1,4 +1,5 @@
-"""Tests of runner/engine/tracking.py: build_trackers, the JSON-lines tracker and the TensorBoard tracker."""
+"""Tests of runner/engine/tracking.py (build_trackers, every tracker, register_tracker_class) and of the
+trackers' background thread (runner/engine/tracker_thread.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from runner.engine import Accelerator
+from runner.engine.tracker_thread import TrackerThread
 from runner.engine.tracking import (
     TRACKERS,
     CSVTracker,
@@ -15,7 +17,6 @@ from runner.engine.tracking import (
     JSONLTracker,
     MLflowTracker,
     TensorBoardTracker,
-    TrackerThread,
     WandBTracker,
     build_trackers,
     register_tracker_class,
@@ -375,7 +376,7 @@ def test_wandb_offline_run_holds_the_config_history_text_and_artifacts_and_a_res
     (tmp_path / "metrics.json").write_text("{}")
     tracker.log_artifact(tmp_path / "metrics.json")
     run_id = tracker.run_id
-    assert get_unwrapped(tracker) is tracker.run
+    assert tracker.tracker is tracker.run  # what get_tracker("wandb", unwrap=True) gives
     tracker.finish()
     again = WandBTracker("project", **kwargs, id=run_id, resume="allow")
     again.start()
@@ -389,10 +390,6 @@ def test_wandb_offline_run_holds_the_config_history_text_and_artifacts_and_a_res
     assert first["history"][-1]["samples"] == "to be or not"
     assert [(a["type"], a["files"]) for a in first["artifacts"]] == [("file", ["metrics.json"])]
     assert [(row["_step"], row["loss"]) for row in second["history"]] == [(4, 0.2)]
-
-
-def get_unwrapped(tracker):
-    return tracker.tracker
 
 
 # ---------------------------------------------------------------------------------------------- the thread
