@@ -5,22 +5,26 @@
 
 Each step logs what the runner logs (train/loss, read with .item() as the runner does for its log
 line, train/lr, train/samples_per_second) with ``accelerator.log``, through the engine. Two loops:
-- tiny: bench/overhead.py's (nn.Linear(8, 1), batch 4, SGD, one thread): a step of ~0.2 ms that is all
-  Python, so it shows each tracker's own cost per logged step in microseconds.
+- tiny: bench/overhead.py's (nn.Linear(8, 1), batch 4, SGD, one thread): a step that is all Python
+  (0.1-0.4 ms, by machine), so it shows what logging costs the loop per step in microseconds.
 - cnn: the runner's MNIST CNN at 16 channels, hidden 64, batch 32, AdamW, one thread: a small real
-  step (a few ms), the one the target is for.
-Contenders, all in this process: none (``log_with=None``, the same log calls); tensorboard; csv; mlflow
-(its SQLite store in a temporary folder); wandb (offline); and all four at once. Each contender's
-trackers start once, outside the timing; a round is its steps plus the wait until the trackers have
-taken everything logged (``get_tracker`` flushes), so a tracker that falls behind is charged for it, and
-no contender's backlog is left to slow the next one. ``end_training`` (the trackers' finish) is timed
-apart, once.
+  step (10-25 ms).
+Contenders: none (``log_with=None``, the same log calls), twice (the second shows the noise);
+tensorboard; csv; mlflow (its SQLite store in a temporary folder); wandb (offline); all four at once,
+each in the trackers' helper process (``tracker_process=True``, the runner's default); and all four on
+a thread of the training process (``tracker_process=False``, the engine's default, as Accelerate).
+Each contender's trackers start once, outside the timing. A round times the steps (the loop: the
+target's, <= 1.02x none), then the wait until the trackers have taken everything logged (``get_tracker``
+flushes): a tracker slower than the loop has a backlog, which is reported as the drain and as the steps
+a second the tracker takes, and is left to slow no other contender. ``end_training`` (the trackers'
+finish) is timed apart, once.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -39,9 +43,9 @@ torch.set_num_threads(1)
 class Loop:
     """One contender: an Accelerator with ``trackers``, started once; each call runs ``steps`` logged steps."""
 
-    def __init__(self, workload: str, trackers: list[str] | None, folder: Path, steps: int) -> None:
+    def __init__(self, workload: str, trackers: list[str] | None, folder: Path, steps: int, process: bool) -> None:
         torch.manual_seed(0)
-        self.accelerator = Accelerator(cpu=True, project_dir=folder, log_with=trackers)
+        self.accelerator = Accelerator(cpu=True, project_dir=folder, log_with=trackers, tracker_process=process)
         self.trackers = trackers or []
         self.accelerator.init_trackers("", config={"optimizer": {"lr": 0.01}, "data": {"batch_size": 4}})
         if workload == "tiny":
@@ -57,8 +61,10 @@ class Loop:
         loader = DataLoader(data, batch_size=batch, shuffle=True, generator=torch.Generator().manual_seed(0))
         self.model, self.optimizer, self.loader = self.accelerator.prepare(model, optimizer, loader)
         self.batch, self.step = batch, 0
+        self.drains: list[float] = []  # seconds per step spent waiting for the trackers after each round's loop
 
     def __call__(self) -> float:
+        """Seconds per step of the loop; the drain after it goes to ``drains``."""
         accelerator, model, optimizer = self.accelerator, self.model, self.optimizer
         start = time.perf_counter()
         for x, y in self.loader:
@@ -71,9 +77,11 @@ class Loop:
                 {"train/loss": loss.item(), "train/lr": 0.01, "train/samples_per_second": self.batch * self.step},
                 step=self.step,
             )
+        looped = time.perf_counter()
         for name in self.trackers:  # wait until each has taken every step
             accelerator.get_tracker(name)
-        return (time.perf_counter() - start) / len(self.loader)
+        self.drains.append((time.perf_counter() - looped) / len(self.loader))
+        return (looped - start) / len(self.loader)
 
     def close(self) -> float:
         """Seconds end_training takes: each tracker's finish (nothing is queued any more)."""
@@ -86,12 +94,13 @@ def main() -> None:
     args = arguments(__doc__)
     rounds = 2 if args.quick else 7
     steps = {"cnn": 8} if args.quick else {"tiny": 4096, "cnn": 128}
-    chosen = {"none": None, "tensorboard": ["tensorboard"], "csv": ["csv"]}
+    chosen = {"none": None, "none (again)": None, "tensorboard": ["tensorboard"], "csv": ["csv"]}
     if importlib.util.find_spec("mlflow") is not None:
         chosen["mlflow"] = ["mlflow"]
     if importlib.util.find_spec("wandb") is not None:
         chosen["wandb"] = ["wandb"]
     chosen["all"] = [name for name, trackers in chosen.items() if trackers]
+    chosen["all (thread)"] = chosen["all"]
     report = Report(f"Trackers: every step logs 3 scalars; {rounds} rounds")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{tmp}/mlflow.db")
@@ -100,20 +109,29 @@ def main() -> None:
         os.environ.setdefault("WANDB_SILENT", "true")
         for workload, count in steps.items():
             loops = {
-                name: Loop(workload, trackers, Path(tmp) / workload / name, count) for name, trackers in chosen.items()
+                name: Loop(workload, trackers, Path(tmp) / workload / name, count, process="thread" not in name)
+                for name, trackers in chosen.items()
             }
             medians = interleave(loops, rounds)
+            drains = {name: statistics.median(loop.drains[1:]) for name, loop in loops.items()}  # as interleave
             closing = {name: loop.close() for name, loop in loops.items()}
             for name, seconds in medians.items():
                 report.value(f"{workload}: {name} us/step", seconds, "us", scale=1e6)
+            for name in medians:
+                if chosen[name]:
+                    report.value(f"{workload}: {name} drain us/step", drains[name], "us", scale=1e6)
             for name, seconds in closing.items():
                 report.value(f"{workload}: {name} end_training", seconds, "ms", scale=1e3)
             for name in medians:
                 if name != "none":
-                    target = "<= 1.02x" if workload == "cnn" and name != "all" else None
+                    target = None if "thread" in name or "again" in name else "<= 1.02x"
                     report.ratio(f"{workload}: {name} / none", medians[name] / medians["none"], target)
-            added = ", ".join(f"{name} {(seconds - medians['none']) * 1e6:+.0f}" for name, seconds in medians.items())
-            report.note(f"{workload}: us added per step against none: {added}")
+            added = ", ".join(f"{name} {(seconds - medians['none']) * 1e6:+.1f}" for name, seconds in medians.items())
+            report.note(f"{workload}: us the loop pays per logged step against none: {added}")
+            taken = ", ".join(
+                f"{name} {1 / (medians[name] + drains[name]):.0f}" for name in medians if chosen[name]
+            )  # fmt: skip
+            report.note(f"{workload}: steps a second the trackers took (the loop's rate, or their own): {taken}")
     missing = [name for name in ("mlflow", "wandb") if name not in chosen]
     if missing:
         report.note(f"Not installed, so not measured: {', '.join(missing)}.")

@@ -68,6 +68,7 @@ class TrainerConfig:
     cpu: bool = False
     progress_bar: bool = True
     compile: bool = False  # torch.compile the model
+    tracker_process: bool = True  # call the trackers in a helper process (Linux), off the training's interpreter lock
 
 
 @dataclass

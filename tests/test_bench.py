@@ -47,10 +47,14 @@ def test_every_benchmark_runs_and_reports_its_ratios(tmp_path, name):
         assert "engine / raw" in report["ratios"]
     if name == "checkpoint":
         assert report["values"]["parameters"] == 16 * (512 * 512 + 512)
-    if name == "trackers":  # every tracker beside none, on the tiny loop and on the CNN step (the target's)
+    if name == "trackers":  # every tracker beside none, in the helper process, and all four on a thread too
         assert {label for label in report["ratios"] if label.startswith("cnn: ")} == {
-            f"cnn: {tracker} / none" for tracker in ("tensorboard", "csv", "mlflow", "wandb", "all")
+            f"cnn: {tracker} / none"
+            for tracker in ("none (again)", "tensorboard", "csv", "mlflow", "wandb", "all", "all (thread)")
         }
+        assert {label for label, ratio in report["ratios"].items() if ratio["target"]} == {
+            f"cnn: {tracker} / none" for tracker in ("tensorboard", "csv", "mlflow", "wandb", "all")
+        }  # the target is the runner's default: the trackers in their helper process
     if name == "startup":
         assert report["values"]["--help imports torch"] == 0  # --help never imports torch
         assert report["values"]["rejected override imports torch"] == 0

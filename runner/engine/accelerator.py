@@ -48,6 +48,8 @@ from runner.engine.precision import (
 from runner.engine.prepared import PreparedObjects
 from runner.engine.rng import synchronize_rng_states
 from runner.engine.serialization import save_model_files, save_safetensors
+from runner.engine.tracker_process import TrackerProcess
+from runner.engine.tracker_process import available as tracker_process_available
 from runner.engine.tracker_thread import TrackerThread
 from runner.engine.tracking import GeneralTracker, _BlankTracker, build_trackers
 from runner.files import write_atomically
@@ -95,6 +97,9 @@ class Accelerator:
             parallelism over ``tp_size`` processes, then FSDP2 over ``dp_shard_size`` (HSDP with
             ``dp_replicate_size``). Loaders, ``gather``, ``gather_for_metrics`` and ``reduce`` then work over
             the data-parallel ranks: the processes of one tensor-parallel group see the same batches.
+        tracker_process: Call the trackers in a helper process (on Linux) instead of a thread of this one: a
+            logged step then costs the loop microseconds whatever the trackers do, but the library objects
+            (``get_tracker(name, unwrap=True)``) live in that process.
 
     Example:
         >>> accelerator = Accelerator(mixed_precision="bf16")
@@ -123,6 +128,7 @@ class Accelerator:
         gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
         fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
         parallelism_config: ParallelismConfig | None = None,
+        tracker_process: bool = False,
     ) -> None:
         env = read_environment(cpu=cpu)
         init_process_group(env)
@@ -169,7 +175,8 @@ class Accelerator:
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
-        self._tracker_thread = TrackerThread([])
+        self.tracker_process = tracker_process
+        self._tracker_thread: TrackerThread | TrackerProcess = TrackerThread([])
         self._checkpointer = Checkpointer()
         self._trigger_set = False
 
@@ -827,9 +834,9 @@ class Accelerator:
         built = build_trackers(
             self.log_with, run_name=project_name, logging_dir=self.logging_dir, init_kwargs=init_kwargs, start=False
         )
-        self._tracker_thread = TrackerThread(
-            [tracker for tracker in built if self.is_main_process or not tracker.main_process_only]
-        )
+        mine = [tracker for tracker in built if self.is_main_process or not tracker.main_process_only]
+        in_process = self.tracker_process and mine and tracker_process_available()
+        self._tracker_thread = TrackerProcess(mine) if in_process else TrackerThread(mine)
         self._tracker_thread.call("start")
         if config is not None:
             self._tracker_thread.call("store_init_configuration", config)

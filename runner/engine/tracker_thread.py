@@ -12,22 +12,47 @@ import queue
 import threading
 from typing import Any
 
+import torch
+
 from runner.engine.tracking import GeneralTracker, _scalar
 
 logger = logging.getLogger("runner")
 
 
-def plain_values(values: dict[str, Any]) -> dict[str, Any]:
+def plain_values(values: dict[str, Any], copy_tensors: bool = False) -> dict[str, Any]:
     """``values`` with one-element tensors and NumPy scalars as Python numbers, nested dicts too: what a
-    background thread may read later, whatever happens to the tensors meanwhile."""
+    background thread may read later, whatever happens to the tensors meanwhile. ``copy_tensors``: other
+    tensors become CPU copies too (what another process can receive)."""
     plain: dict[str, Any] = {}
     for key, value in values.items():
-        if isinstance(value, dict):
-            plain[key] = plain_values(value)
+        if type(value) in _PLAIN:  # the common case, first: what a loop logs is mostly Python numbers
+            plain[key] = value
+        elif isinstance(value, dict):
+            plain[key] = plain_values(value, copy_tensors)
         else:
             scalar = _scalar(value)
+            if scalar is None and copy_tensors and isinstance(value, torch.Tensor):
+                value = value.detach().to("cpu", copy=True)
             plain[key] = value if scalar is None else scalar
     return plain
+
+
+_PLAIN = frozenset({float, int, str})
+
+
+def describe(error: BaseException) -> str:
+    """``Type: first line of the message``: how a tracker's failure is reported."""
+    message = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {message}"
+
+
+def warn_dropped(name: str, reason: str) -> None:
+    """The one warning a tracker that failed gets."""
+    logger.warning(
+        "The %s tracker failed (%s) and logs nothing more in this run; training goes on, and metrics.json and "
+        "the other trackers keep every value.",
+        name, reason,
+    )  # fmt: skip
 
 
 class TrackerThread:
@@ -43,8 +68,11 @@ class TrackerThread:
     _STOP = object()
     interval = 0.5  # seconds: how stale a tracker's view may be while the run logs
 
-    def __init__(self, trackers: list[GeneralTracker]) -> None:
+    def __init__(self, trackers: list[GeneralTracker], on_drop=None) -> None:
+        """``on_drop(tracker, error)``: what to do when a tracker raises (it is then called no more); by
+        default, warn once."""
         self.trackers = list(trackers)
+        self._on_drop = on_drop or (lambda tracker, error: warn_dropped(tracker.name, describe(error)))
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._urgent = threading.Event()  # a flush, an artifact or the end: send now
         self._thread: threading.Thread | None = None
@@ -90,16 +118,12 @@ class TrackerThread:
         self.call("finish")
         self.trackers = []
 
-    def _guarded(self, tracker: GeneralTracker, method: str, *args) -> None:
+    def _guarded(self, tracker: GeneralTracker, method: str, *args, **kwargs) -> None:
         try:
-            getattr(tracker, method)(*args)
+            getattr(tracker, method)(*args, **kwargs)
         except Exception as error:  # a tracker never stops the training
             self.trackers = [t for t in self.trackers if t is not tracker]
-            logger.warning(
-                "The %s tracker failed (%s: %s) and logs nothing more in this run; training goes on, and "
-                "metrics.json and the other trackers keep every value.",
-                tracker.name, type(error).__name__, str(error).splitlines()[0] if str(error) else "",
-            )  # fmt: skip
+            self._on_drop(tracker, error)
 
     def _run(self) -> None:
         while True:

@@ -78,6 +78,7 @@ def build_accelerator(cfg: DictConfig):
         gradient_accumulation_steps=cfg.trainer.gradient_accumulation_steps,
         cpu=cfg.trainer.cpu,
         log_with=trackers.build(cfg),
+        tracker_process=cfg.trainer.tracker_process,
         project_config=ProjectConfiguration(
             str(project_dir),
             logging_dir=str(project_dir / LOGS_DIR),

@@ -39,11 +39,17 @@ class FileTracker(GeneralTracker):
         self.file = self.path.open("a")
 
     def store_init_configuration(self, values):
-        self.file.write(json.dumps({"seed": values["seed"]}) + "\\n")
+        import multiprocessing  # where the runner calls its trackers: their helper process, by default
+
+        self.file.write(json.dumps({"seed": values["seed"], "process": multiprocessing.current_process().name}) + "\\n")
 
     def log(self, values, step=None, **kwargs):
+        import multiprocessing
+        import threading
+
         numbers = {k: v for k, v in values.items() if isinstance(v, (int, float))}
-        self.file.write(json.dumps({"step": step, **numbers}) + "\\n")
+        where = f"{multiprocessing.current_process().name}/{threading.current_thread().name}"
+        self.file.write(json.dumps({"step": step, "where": where, **numbers}) + "\\n")
         self.file.flush()
 
     def finish(self):
@@ -70,7 +76,8 @@ CUT, END = 4, 8
 
 @pytest.fixture(scope="module")
 def tracked(tmp_path_factory):
-    """A 2-process run with every tracker, cut at step 4 (checkpoint 2 and 4), then resumed to step 8."""
+    """A 2-process run with every tracker, cut at step 4 (checkpoint 2 and 4), then resumed to step 8 with the
+    trackers on a thread of the training process instead of their helper process."""
     base = tmp_path_factory.mktemp("trackers")
     (base / "my_trackers.py").write_text(MY_TRACKERS)
     run = base / "run"
@@ -83,7 +90,7 @@ def tracked(tmp_path_factory):
     ]  # fmt: skip
     cut = run_cli(*arguments, f"trainer.max_steps={CUT}", f"hydra.run.dir={run}", cwd=base)
     assert cut.returncode == 0, cut.stderr[-3000:]
-    resumed = run_cli(f"resume={run}", f"trainer.max_steps={END}", cwd=base)
+    resumed = run_cli(f"resume={run}", f"trainer.max_steps={END}", "trainer.tracker_process=false", cwd=base)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return base, run, cut.stderr + resumed.stderr
 
@@ -166,9 +173,15 @@ def test_tensorboard_gets_every_step_once_across_the_resume(tracked):
 def test_own_tracker_gets_every_call_and_a_failing_one_is_warned_about_once(tracked):
     base, run, stderr = tracked
     lines = [json.loads(line) for line in (base / "file.jsonl").read_text().splitlines()]
-    assert [line for line in lines if "seed" in line] == [{"seed": 42}] * 2  # started by each attempt
+    started = [line for line in lines if "seed" in line]  # by each attempt: in the helper, then in the worker
+    assert [line["seed"] for line in started] == [42, 42] and started[0]["process"] == "runner-trackers"
+    worker = started[1]["process"]
+    assert worker != "runner-trackers"
     assert sum(line == {"finished": True} for line in lines) == 2
-    _every_step_once([line["step"] for line in lines if "train/loss" in line])
+    logged = [line for line in lines if "train/loss" in line]
+    _every_step_once([line["step"] for line in logged])
+    assert {line["where"] for line in logged if line["step"] <= CUT} == {"runner-trackers/MainThread"}
+    assert {line["where"] for line in logged if line["step"] > CUT} == {f"{worker}/runner-trackers"}  # the thread
     warning = "The broken tracker failed (ConnectionError: the server went away) and logs nothing more in this run"
     log = (run / "run.log").read_text()
     assert log.count(warning) == 2 and stderr.count(warning) == 2  # once per attempt, and nothing else broke

@@ -1,14 +1,23 @@
-"""Tests of runner/engine/tracking.py (build_trackers, every tracker, register_tracker_class) and of the
-trackers' background thread (runner/engine/tracker_thread.py)."""
+"""Tests of runner/engine/tracking.py (build_trackers, every tracker, register_tracker_class), of the
+trackers' background thread (runner/engine/tracker_thread.py) and of their helper process
+(runner/engine/tracker_process.py)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
 
 import pytest
 import torch
 
 from runner.engine import Accelerator
+from runner.engine.tracker_process import TrackerProcess
 from runner.engine.tracker_thread import TrackerThread
 from runner.engine.tracking import (
     TRACKERS,
@@ -462,3 +471,177 @@ def test_register_tracker_class_lets_log_with_name_it_and_the_accelerator_runs_i
         assert _csv_rows(tmp_path / "metrics.csv") == [{"step": "1", "loss": "0.5"}]
     finally:
         del TRACKERS["registered"]
+
+
+# ------------------------------------------------------------------------------------- the helper process
+
+
+class Journal(GeneralTracker):
+    """Writes every call to a JSON-lines file: the test reads what the helper process did."""
+
+    name = "journal"
+
+    def __init__(self, path, name="journal", fail_at=None):
+        super().__init__()
+        self.path, self.name, self.fail_at = str(path), name, fail_at
+        self.pid = None
+
+    def _write(self, *entry):
+        with open(self.path, "a") as file:  # a tensor as its type, device and values
+            file.write(json.dumps(entry, default=lambda t: [type(t).__name__, str(t.device), t.tolist()]) + "\n")
+
+    def start(self):
+        self.pid = os.getpid()
+        self.run_id = f"run-{self.name}"
+        self._write("start", self.pid)
+
+    def store_init_configuration(self, values):
+        self._write("config", values)
+
+    def log(self, values, step=None, **kwargs):
+        if self.fail_at is not None and step >= self.fail_at:
+            raise ConnectionError("the server went away\nsecond line")
+        self._write("log", step, values, kwargs)
+
+    def log_artifact(self, local_path, artifact_path=None):
+        self._write("artifact", str(local_path), artifact_path)
+
+    def finish(self):
+        self._write("finish")
+
+
+def _journal(path) -> list[list]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_helper_process_calls_every_tracker_in_order_drops_one_that_fails_and_finishes_them(tmp_path, caplog):
+    good, bad = Journal(tmp_path / "good.jsonl"), Journal(tmp_path / "bad.jsonl", "flaky", fail_at=3)
+    accelerator = Accelerator(cpu=True, project_dir=tmp_path, log_with=[good, bad], tracker_process=True)
+    accelerator.init_trackers("", config={"lr": 0.1})
+    child = accelerator._tracker_thread._child
+    assert isinstance(accelerator._tracker_thread, TrackerProcess) and child.is_alive()
+    loss = torch.tensor(1.0)
+    for step in range(1, 6):
+        accelerator.log({"loss": loss, "note": "x"}, step=step, log_kwargs={"journal": {"extra": step}})
+        loss.add_(1.0)  # read when logged: the helper sees 1.0, 2.0, ... whatever the tensor holds later
+    tracker = accelerator.get_tracker("journal")  # waits until the helper took every step
+    assert tracker.name == "journal" and tracker.run_id == "run-journal" and tracker.pid == child.pid != os.getpid()
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        getattr(tracker, "nothing")  # noqa: B009 asked of the helper, which has no such attribute either
+    with pytest.raises(ValueError, match=r"The journal tracker runs in the trackers' helper process, so its library "):
+        accelerator.get_tracker("journal", unwrap=True)
+    tracker.log({"direct": 1}, step=9)  # this tracker only
+    accelerator.log_artifact(tmp_path / "model", "model", trackers=["journal"])
+    assert [t.name for t in accelerator.trackers] == ["journal"]  # the flaky one failed at step 3
+    accelerator.end_training()
+    assert accelerator.trackers == [] and not child.is_alive() and child.exitcode == 0
+    assert _journal(tmp_path / "good.jsonl") == [
+        ["start", child.pid],
+        ["config", {"lr": 0.1}],
+        *[["log", s, {"loss": float(s), "note": "x"}, {"extra": s}] for s in range(1, 6)],
+        ["log", 9, {"direct": 1}, {}],
+        ["artifact", str(tmp_path / "model"), "model"],
+        ["finish"],
+    ]
+    assert [entry[:2] for entry in _journal(tmp_path / "bad.jsonl")] == [
+        ["start", child.pid], ["config", {"lr": 0.1}], ["log", 1], ["log", 2]
+    ]  # fmt: skip
+    warnings = [r.getMessage() for r in caplog.records if "tracker failed" in r.getMessage()]
+    assert warnings == [
+        "The flaky tracker failed (ConnectionError: the server went away) and logs nothing more in this run; "
+        "training goes on, and metrics.json and the other trackers keep every value."
+    ]
+
+
+def test_the_helper_process_ignores_sigterm_hands_over_a_backlog_and_a_lost_helper_is_one_warning(
+    tmp_path, caplog, monkeypatch
+):
+    monkeypatch.setattr(TrackerProcess, "interval", 3600.0)  # the sender never wakes: only the backlog hands over
+    monkeypatch.setattr(TrackerProcess, "backlog", 4)
+    accelerator = Accelerator(
+        cpu=True, project_dir=tmp_path, log_with=[Journal(tmp_path / "j.jsonl")], tracker_process=True
+    )
+    accelerator.init_trackers("")
+    child = accelerator._tracker_thread._child
+    os.kill(child.pid, signal.SIGTERM)  # a preemption notice to the whole job: the training decides
+    for step in range(10):
+        accelerator.log({"loss": step}, step=step)
+    deadline = time.monotonic() + 30
+    while len(logged := [e[1] for e in _journal(tmp_path / "j.jsonl") if e[0] == "log"]) < 10:
+        assert time.monotonic() < deadline, logged
+        time.sleep(0.01)
+    assert logged == list(range(10))  # the 5th and 10th calls found 5 waiting, over the backlog of 4, and sent them
+    assert child.is_alive()
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    accelerator.log({"loss": 10}, step=10)
+    with pytest.raises(ValueError, match=r"No tracker named 'journal' was started; trackers: \[\]"):
+        accelerator.get_tracker("journal")  # its flush finds the helper gone
+    accelerator.log({"loss": 11}, step=11)  # no tracker left: nothing to do
+    accelerator.end_training()
+    warnings = [r.getMessage() for r in caplog.records if "tracker failed" in r.getMessage()]
+    assert warnings == [
+        "The journal tracker failed (the trackers' helper process ended, exit code -9) and logs nothing more in "
+        "this run; training goes on, and metrics.json and the other trackers keep every value."
+    ]
+    assert accelerator.trackers == []
+
+
+def test_the_helper_gets_a_tensor_as_it_was_when_logged_and_a_value_it_cannot_receive_is_left_out_once(
+    tmp_path, caplog
+):
+    accelerator = Accelerator(
+        cpu=True, project_dir=tmp_path, log_with=[Journal(tmp_path / "j.jsonl")], tracker_process=True
+    )
+    accelerator.init_trackers("")
+    weights = torch.tensor([1.0, 2.0])
+    accelerator.log({"weights": weights, "loss": 0.5}, step=1)
+    weights.mul_(10)  # after the log call: the helper still gets [1, 2]
+    accelerator.log({"lock": threading.Lock(), "loss": 0.25}, step=2)
+    accelerator.log({"lock": threading.Lock(), "loss": 0.125}, step=3)
+    accelerator.end_training()
+    assert [entry[1:3] for entry in _journal(tmp_path / "j.jsonl") if entry[0] == "log"] == [
+        [1, {"weights": ["Tensor", "cpu", [1.0, 2.0]], "loss": 0.5}],
+        [2, {"loss": 0.25}],
+        [3, {"loss": 0.125}],
+    ]
+    warnings = [r.getMessage() for r in caplog.records if "cannot be sent" in r.getMessage()]
+    assert warnings == [
+        "accelerator.log's value for 'lock' (a lock) cannot be sent to the trackers' helper process (TypeError: "
+        "cannot pickle '_thread.lock' object); such values are left out. Log numbers, text and tensors, or keep "
+        "the trackers in this process with tracker_process=False (the runner: trainer.tracker_process=false)."
+    ]
+
+
+def test_end_training_is_prompt_when_every_tracker_in_the_helper_failed(tmp_path):
+    accelerator = Accelerator(
+        cpu=True, project_dir=tmp_path, log_with=[Journal(tmp_path / "j.jsonl", fail_at=0)], tracker_process=True
+    )
+    accelerator.init_trackers("")
+    child = accelerator._tracker_thread._child
+    accelerator.log({"loss": 1.0}, step=0)
+    accelerator._tracker_thread.flush()
+    assert accelerator.trackers == [] and child.is_alive()  # the helper has nothing left to call, and waits
+    start = time.monotonic()
+    accelerator.end_training()
+    assert time.monotonic() - start < 10 and child.exitcode == 0
+    assert [entry[0] for entry in _journal(tmp_path / "j.jsonl")] == ["start"]  # no finish for a dropped tracker
+
+
+def test_a_script_that_ends_without_end_training_still_hands_everything_to_the_helper(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {os.getcwd()!r})
+        from runner.engine import Accelerator
+        from tests.unit.engine.test_tracking import Journal
+        accelerator = Accelerator(cpu=True, log_with=[Journal({str(tmp_path / "j.jsonl")!r})], tracker_process=True)
+        accelerator.init_trackers("")
+        for step in range(100):
+            accelerator.log({{"loss": step}}, step=step)
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    journal = _journal(tmp_path / "j.jsonl")
+    assert [entry[1] for entry in journal if entry[0] == "log"] == list(range(100))
+    assert journal[-1] == ["finish"]

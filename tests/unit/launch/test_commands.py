@@ -170,7 +170,11 @@ def test_runner_help_lists_the_script_commands():
     # Each tracker preset's keys, as conf/tracker/ and runner.config's schemas have them.
     from runner.config import MLflowTrackerConfig, WandBTrackerConfig
 
-    trackers = done.stdout.split("Trackers:")[1].split("`python -m runner --cfg job")[0]
+    trackers, where = done.stdout.split("Trackers:")[1].split("`python -m runner --cfg job")[0].split("They run in")
+    assert (
+        where.split()
+        == "a helper process (trainer.tracker_process=true, on Linux); false keeps them in the training's.".split()
+    )
     listed = {line.split()[0]: line for line in trackers.replace("\n" + " " * 15, " ").splitlines()[1:] if line}
     assert list(listed) == ["tensorboard", "csv", "mlflow", "wandb", "your"]
     for name, schema in (("mlflow", MLflowTrackerConfig), ("wandb", WandBTrackerConfig)):
