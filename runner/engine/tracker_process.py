@@ -30,7 +30,7 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-from runner.engine.tracker_thread import TrackerThread, describe, logger, plain_values, warn_dropped
+from runner.engine.tracker_thread import PLAIN_TYPES, TrackerThread, describe, logger, plain_values, warn_dropped
 from runner.engine.tracking import GeneralTracker
 
 
@@ -63,7 +63,7 @@ class RemoteTracker(GeneralTracker):
         )
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs) -> None:
-        values = plain_values(values, copy_tensors=True)
+        values = _portable(values)
         self._link.request("call", "log", (values,), {"step": step, **kwargs}, [self.name])
 
     def log_artifact(self, local_path: str | os.PathLike, artifact_path: str | None = None) -> None:
@@ -101,7 +101,7 @@ class TrackerProcess:
     # ------------------------------------------------------------------ what TrackerThread offers
     def log(self, values: dict[str, Any], step: int | None, log_kwargs: dict[str, dict] | None) -> None:
         if self.trackers:
-            self._pending.append((plain_values(values, copy_tensors=True), step, log_kwargs or {}))
+            self._pending.append((_portable(values), step, log_kwargs or _NO_KWARGS))
             if len(self._pending) > self.backlog:  # the child falls behind: wait for it here
                 self._hand_over()
 
@@ -240,6 +240,17 @@ class TrackerProcess:
             warn_dropped(tracker.name, reason)
         self.trackers = []
         self._pending.clear()
+
+
+_NO_KWARGS: dict = {}  # shared by every record logged without log_kwargs; never written to
+
+
+def _portable(values: dict[str, Any]) -> dict[str, Any]:
+    """:func:`plain_values` with tensors as CPU copies, with a fast path for what a loop logs: Python numbers."""
+    for value in values.values():
+        if type(value) not in PLAIN_TYPES:
+            return plain_values(values, copy_tensors=True)
+    return values.copy()
 
 
 def _serve(conn: Connection, parents_end: Connection, trackers: list[GeneralTracker]) -> None:

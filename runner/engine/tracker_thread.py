@@ -25,7 +25,7 @@ def plain_values(values: dict[str, Any], copy_tensors: bool = False) -> dict[str
     tensors become CPU copies too (what another process can receive)."""
     plain: dict[str, Any] = {}
     for key, value in values.items():
-        if type(value) in _PLAIN:  # the common case, first: what a loop logs is mostly Python numbers
+        if type(value) in PLAIN_TYPES:  # the common case, first: what a loop logs is mostly Python numbers
             plain[key] = value
         elif isinstance(value, dict):
             plain[key] = plain_values(value, copy_tensors)
@@ -37,7 +37,7 @@ def plain_values(values: dict[str, Any], copy_tensors: bool = False) -> dict[str
     return plain
 
 
-_PLAIN = frozenset({float, int, str})
+PLAIN_TYPES = frozenset({float, int, str})  # logged as they are: nothing to read off a tensor
 
 
 def describe(error: BaseException) -> str:
