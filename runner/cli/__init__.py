@@ -20,12 +20,17 @@ def main() -> None:
     """The ``runner`` console script and ``python -m runner``: Hydra's command line, checked first.
 
     ``runner launch|config|env ...`` are Accelerate's commands for a plain engine script: see
-    :mod:`runner.launch.commands`.
+    :mod:`runner.launch.commands`. ``runner export ...`` writes a checkpoint's model as plain files: see
+    :mod:`runner.cli.export`.
     """
     from runner.launch.commands import command_of, run_command
 
     if (script_command := command_of(sys.argv[1:])) is not None:
         sys.exit(run_command(script_command, sys.argv[2:]))
+    if sys.argv[1:2] == ["export"]:  # a run's model as plain files: runner/cli/export.py
+        from runner.cli.export import main as export
+
+        sys.exit(export(sys.argv[2:]))
     from runner.cli.app import run_hydra  # Hydra's imports start here: after the dispatch, which needs none
     from runner.cli.command_line import parse_arguments, read
     from runner.cli.help import print_help

@@ -260,6 +260,29 @@ def load_model(source: Path | dict[str, torch.Tensor], model: nn.Module, *, list
     set_model_state_dict(model, state["model"], options=_options(False))
 
 
+def load_full_model_state(folder: Path, listed: Collection[str]) -> dict[str, torch.Tensor]:
+    """A DCP model folder's whole tensors, read on this one process (no process group, no model): each tensor is
+    allocated at the full shape its metadata records, and DCP fills it from every rank's shards.
+
+    Raises:
+        CheckpointError: The metadata is not DCP's (see :func:`read_dcp_metadata`), or holds no tensors.
+    """
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = read_dcp_metadata(folder, listed)
+    prefix = "model."  # save_sharded's key, as load_model's
+    full = {
+        key.removeprefix(prefix): torch.empty(entry.size, dtype=entry.properties.dtype)
+        for key, entry in metadata.state_dict_metadata.items()
+        if isinstance(entry, TensorStorageMetadata) and key.startswith(prefix)
+    }
+    if not full:
+        raise CheckpointError(f"{folder} holds no model tensors; export a checkpoint of a model.")
+    state = {"model": full}
+    _load(state, folder, listed)
+    return state["model"]
+
+
 def load_optimizer(
     source: Path | dict[str, Any], optimizer: Any, models: Sequence[nn.Module], *, listed: Collection[str] = ()
 ) -> None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from runner.cli.export import main as export
 from runner.data import causal_lm_blocks
 from tests.e2e.conftest import REPO, metrics, run_cli
 
@@ -96,6 +97,13 @@ def test_shakespeare_hf_learns_and_leaves_a_hugging_face_model(request, run_name
     # Every eval block counted once (on 2 processes the last batch's padding is dropped again): the same mean
     # loss as one forward over all of them here, with the model from_pretrained loads.
     assert check_from_pretrained(run) == pytest.approx(summary["eval/loss"], abs=1e-5)
+    # runner export of the newest checkpoint (step 30, one file for the whole model): the final model folder again
+    exported = run.parent / f"{run.name}-exported"
+    assert export([str(run), "--to", str(exported)]) == 0
+    assert load_file(exported / "model.safetensors").keys() == load_file(run / "model" / "model.safetensors").keys()
+    assert (exported / "model.safetensors").read_bytes() == (run / "model" / "model.safetensors").read_bytes()
+    for name in ("config.json", "generation_config.json"):  # copied from the run's final model folder
+        assert (exported / name).read_text() == (run / "model" / name).read_text()
 
 
 def test_fsdp_run_trains_and_leaves_a_hugging_face_model(tmp_path):
@@ -109,6 +117,39 @@ def test_fsdp_run_trains_and_leaves_a_hugging_face_model(tmp_path):
     assert {"model/__0_0.distcp", "model/__1_0.distcp"} <= set(manifest["files"])  # each GPT2Block was sharded
     # The sharded class is FSDPGPT2LMHeadModel; config.json names the model's own class.
     assert check_from_pretrained(run) == pytest.approx(summary["eval/loss"], abs=1e-5)
+
+    # runner export, on this one process: the 2 processes' DCP shards of checkpoint_0 (step 20) as one file
+    assert export([str(run), "--to", str(tmp_path / "exported")]) == 0
+    exported, final = (
+        load_file(tmp_path / "exported" / "model.safetensors"),
+        load_file(run / "model" / "model.safetensors"),
+    )
+    assert set(exported) == set(final) | {"lm_head.weight"}  # DCP keeps the tied head under both names
+    assert [key for key in final if not torch.equal(exported[key], final[key])] == []
+    assert torch.equal(exported["lm_head.weight"], exported["transformer.wte.weight"])
+    loaded, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported", output_loading_info=True)
+    assert all(not keys for keys in info.values()), info
+    with torch.no_grad():
+        logits = loaded.eval()(input_ids=eval_inputs()[:8]).logits
+        torch.testing.assert_close(logits, model_from_the_weights_file(run)(input_ids=eval_inputs()[:8]).logits)
+    plain = transformers.GPT2LMHeadModel(loaded.config)  # and in plain torch, every key
+    loaded_keys = plain.load_state_dict(exported)  # strict: every name, the tied head's too
+    assert (loaded_keys.missing_keys, loaded_keys.unexpected_keys) == ([], [])
+    assert torch.equal(plain.lm_head.weight, final["transformer.wte.weight"])
+
+    # A run whose final model folder is gone (an interrupted one): config.json comes from the run's model.config
+    (run / "model").rename(run / "final")
+    assert export([str(run), "--to", str(tmp_path / "bf16"), "--dtype", "bf16"]) == 0
+    built, saved = (json.loads((folder / "config.json").read_text()) for folder in (tmp_path / "bf16", run / "final"))
+    assert built["dtype"] == "bfloat16" and saved["dtype"] == "float32"
+    shape = ("architectures", "model_type", "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "bos_token_id")
+    assert {key: built.get(key) for key in shape} == {key: saved.get(key) for key in shape}
+    assert (tmp_path / "bf16" / "generation_config.json").is_file()
+    cast = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
+    assert cast.dtype == torch.bfloat16
+    assert torch.equal(
+        cast.transformer.h[0].mlp.c_fc.weight, final["transformer.h.0.mlp.c_fc.weight"].to(torch.bfloat16)
+    )
 
 
 def test_resumed_run_matches_an_uninterrupted_one_bit_for_bit(tmp_path, one_process):

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
+from runner.cli.export import main as export
 from runner.data.text import CharVocab, build_char_dataset, read_corpus
 from runner.engine import load_checkpoint_in_model
 from runner.models import GPT
@@ -168,6 +169,13 @@ def test_tensor_parallel_gpt_trains_and_saves_the_full_plain_model(tmp_path):
     for checkpoint, step in (("checkpoint_0", 5), ("checkpoint_1", 10)):
         manifest = json.loads((run / "checkpoints" / checkpoint / "manifest.json").read_text())
         assert (manifest["world_size"], manifest["step"]) == (2, step), manifest
+    # runner export on one process: checkpoint_1's tensor-parallel shards (step 10) are the final model's weights
+    assert export([str(run / "checkpoints" / "checkpoint_1"), "--to", str(tmp_path / "exported")]) == 0
+    exported = load_file(tmp_path / "exported" / "model.safetensors")
+    assert set(saved) <= set(exported) <= set(plain)
+    assert [name for name in saved if not torch.equal(exported[name], saved[name])] == []
+    for name in set(exported) - set(saved):  # a tied weight under its second name: the same values
+        assert any(torch.equal(exported[name], saved[other]) for other in saved), name
     # The sharded checkpoint reshards onto another mesh: plain FSDP over the same 2 processes.
     resumed = run_cli(f"resume={run}", "trainer.max_steps=12", "parallel.tp=1", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

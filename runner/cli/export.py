@@ -1,0 +1,254 @@
+"""``runner export FOLDER --to DIR``: a checkpoint's model as a plain weights folder, on one process, without a GPU.
+
+FOLDER is a run folder (its newest intact checkpoint; damaged ones are skipped with a warning) or one
+checkpoint folder (``checkpoints/checkpoint_N``, or any folder ``save_state`` wrote). Every file the
+checkpoint's manifest lists is hashed first. Whatever wrote the model (one process, DDP, FSDP's DCP shards
+from any number of processes, tensor-parallel shards) it becomes ``model.safetensors`` in DIR (shards and
+``model.safetensors.index.json`` past ``--max-shard-size``), the tensors whole and under the model's own
+names, optionally cast (``--dtype bf16``). For a Hugging Face transformers model DIR also gets its
+``config.json`` (and ``generation_config.json``), so ``from_pretrained(DIR)`` loads it: copied from the run's
+final ``model/`` folder, or, for a run that has none yet, built from the run's ``model.config`` node when it
+names a transformers config class.
+
+Nothing in the checkpoint runs: tensors are read with safetensors, DCP's metadata with an unpickler that
+builds only DCP's own classes, and the only class built from the run's config is a transformers config class
+(checked to be one). DIR must be new or empty; it is written under a temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+USAGE_ERROR = 2
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+HF_FILES = ("config.json", "generation_config.json")
+
+logger = logging.getLogger("runner")
+
+
+class ExportError(Exception):
+    """One sentence: what is wrong with the command line or the folder, and what to do."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one sentence and exit code 2, not a usage dump
+        print(f"runner export: error: {message}; see runner export --help.", file=sys.stderr)
+        sys.exit(USAGE_ERROR)
+
+
+def main(argv: list[str]) -> int:
+    """``runner export``; returns its exit code."""
+    parser = _Parser(
+        prog="runner export",
+        description="Write a checkpoint's model as model.safetensors (+ a transformers model's config.json) in "
+        "a new folder, from any checkpoint: one process, DDP, or FSDP/tensor-parallel shards.",
+    )
+    parser.add_argument("folder", help="a run folder (its newest intact checkpoint) or a checkpoint folder")
+    parser.add_argument("--to", required=True, help="the folder to write: new, or empty")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), help="cast the floating-point weights (default: as saved)")
+    parser.add_argument("--max-shard-size", default="10GB", help="split into shards past this size (default 10GB)")
+    parser.add_argument("--model", type=int, default=0, help="which prepared model, for a checkpoint of several")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        summary = export(
+            args.folder, args.to, dtype=args.dtype, max_shard_size=args.max_shard_size, model_index=args.model
+        )
+    except ExportError as error:
+        print(f"runner export: error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    print(summary)
+    return 0
+
+
+def export(
+    folder: str | os.PathLike,
+    to: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    max_shard_size: int | str = "10GB",
+    model_index: int = 0,
+) -> str:
+    """Export the model of the checkpoint ``folder`` names into the new folder ``to``; returns what was written.
+
+    Raises:
+        ExportError: One sentence naming the folder or option and the fix; nothing is written.
+    """
+    import torch
+
+    from runner.engine.manifest import CheckpointError
+    from runner.engine.serialization import parse_size, save_model_files
+
+    destination = _destination(Path(to))
+    try:
+        parse_size(max_shard_size)
+    except ValueError:
+        raise ExportError(
+            f"--max-shard-size {max_shard_size} is not a size; write it like 10GB, 500MiB or 1000000."
+        ) from None
+    checkpoint, manifest = _checkpoint(Path(folder))
+    try:
+        state = _model_state(checkpoint, manifest, model_index)
+    except CheckpointError as error:
+        raise ExportError(str(error)) from None
+    if dtype is not None:
+        target = getattr(torch, DTYPES[dtype])
+        state = {name: t.to(target) if t.is_floating_point() else t for name, t in state.items()}
+    staging = destination.with_name(f".{destination.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        written = save_model_files(state, staging, max_shard_size=max_shard_size)
+        written += _hugging_face_files(checkpoint, staging, state, dtype)
+        if destination.is_dir():
+            destination.rmdir()  # empty, as _destination checked
+        staging.rename(destination)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    files = sorted(path.name for path in written)
+    size = sum((destination / name).stat().st_size for name in files)
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in state.values()})
+    step = manifest.get("step")
+    return (
+        f"Exported {checkpoint}{'' if step is None else f' (step {step})'} to {destination}: {', '.join(files)} "
+        f"({len(state)} tensors, {'/'.join(dtypes)}, {_size(size)})."
+    )
+
+
+def _size(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
+
+
+def _destination(to: Path) -> Path:
+    to = to.expanduser().absolute()
+    if to.is_symlink() or (to.exists() and not to.is_dir()):
+        raise ExportError(f"--to {to} is a file; give a new or empty folder.")
+    if to.is_dir() and any(to.iterdir()):
+        raise ExportError(f"--to {to} already holds files; give a new or empty folder (nothing was written).")
+    if not to.parent.is_dir():
+        raise ExportError(f"--to {to}: its parent folder {to.parent} does not exist; create it first.")
+    return to
+
+
+def _checkpoint(folder: Path) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint ``folder`` names, verified, and its manifest."""
+    from runner.engine.checkpoint import newest_intact_checkpoint, read_manifest
+    from runner.engine.constants import CHECKPOINTS_DIR, MANIFEST_NAME
+    from runner.engine.manifest import CheckpointError
+
+    folder = folder.expanduser().absolute()
+    if folder.is_file():
+        raise ExportError(f"{folder} is a file; pass a run folder or a checkpoint folder (checkpoints/checkpoint_N).")
+    if not folder.is_dir():
+        raise ExportError(
+            f"{folder} does not exist; pass a run folder or a checkpoint folder (checkpoints/checkpoint_N)."
+        )
+    if not (folder / MANIFEST_NAME).is_file():
+        if not (folder / CHECKPOINTS_DIR).is_dir():
+            raise ExportError(
+                f"{folder} is neither a checkpoint (it has no {MANIFEST_NAME}) nor a run folder (it has no "
+                f"{CHECKPOINTS_DIR}/ folder); pass one of those."
+            )
+        newest, skipped = newest_intact_checkpoint(folder / CHECKPOINTS_DIR)
+        for damaged, error in skipped:
+            logger.warning("Skipping %s: %s", damaged.name, error)
+        if newest is None:
+            raise ExportError(f"{folder} has no intact checkpoint in {folder / CHECKPOINTS_DIR}; nothing to export.")
+        folder = newest
+    try:
+        return folder, read_manifest(folder)
+    except CheckpointError as error:
+        raise ExportError(str(error)) from None
+
+
+def _model_state(checkpoint: Path, manifest: dict[str, Any], index: int) -> dict[str, Any]:
+    """Model ``index``'s whole state dict, however the checkpoint stores it."""
+    from runner.engine.checkpoint_loading import ListedCheckpoint
+    from runner.engine.constants import MODEL_NAME, indexed_name
+    from runner.engine.serialization import load_safetensors
+    from runner.engine.sharded_state import load_full_model_state
+
+    models = manifest["contents"]["models"]
+    if not 0 <= index < models:
+        raise ExportError(
+            f"--model {index}: {checkpoint} holds {models} model{'s' if models != 1 else ''}; give 0"
+            f"{f' to {models - 1}' if models > 1 else ''}."
+        )
+    listed = ListedCheckpoint(checkpoint, manifest["state_format"], manifest["files"])
+    if manifest["state_format"] == "dcp":
+        folder = indexed_name(MODEL_NAME, index, "")
+        return load_full_model_state(checkpoint / folder, listed.listed_in(folder))
+    return load_safetensors(listed.require(indexed_name(MODEL_NAME, index, ".safetensors")))
+
+
+def _hugging_face_files(checkpoint: Path, to: Path, state: dict[str, Any], dtype: str | None) -> list[Path]:
+    """A transformers model's config.json (and generation_config.json) in ``to``; [] for any other model."""
+    from runner.layout import CONFIG_FILE, MODEL_DIR
+
+    final = checkpoint.parent.parent / MODEL_DIR  # the run's final model folder, when the run finished
+    if checkpoint.parent.name == "checkpoints" and (final / HF_FILES[0]).is_file():
+        written = []
+        for name in HF_FILES:
+            if (final / name).is_file():
+                text = (final / name).read_text()
+                if name == HF_FILES[0] and dtype is not None:
+                    config = json.loads(text)
+                    config["dtype"] = DTYPES[dtype]
+                    config.pop("torch_dtype", None)
+                    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+                (to / name).write_text(text)
+                written.append(to / name)
+        return written
+    if (checkpoint / CONFIG_FILE).is_file():
+        return _built_config(checkpoint / CONFIG_FILE, to, state, dtype)
+    return []
+
+
+def _built_config(config_file: Path, to: Path, state: dict[str, Any], dtype: str | None) -> list[Path]:
+    """config.json from the run's ``model`` node, for ``_target_: transformers.<Model>`` with a ``config`` node
+    naming ``transformers.<Config>``: the only class built is that config class, checked to be one."""
+    from omegaconf import OmegaConf
+
+    model = OmegaConf.select(OmegaConf.load(config_file), "model")
+    node = model.get("config") if OmegaConf.is_dict(model) else None
+    if not OmegaConf.is_dict(node):
+        return []
+    model_class, config_class = (_transformers_class(n.get("_target_")) for n in (model, node))
+    if model_class is None or config_class is None:
+        return []
+    import transformers
+
+    if not issubclass(model_class, transformers.PreTrainedModel):
+        return []
+    if not issubclass(config_class, transformers.PretrainedConfig):
+        return []
+    values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "_target_"}
+    config = config_class(**values)
+    config.architectures = [model_class.__name__]
+    floating = next((t.dtype for t in state.values() if t.is_floating_point()), None)
+    config.dtype = DTYPES[dtype] if dtype is not None else str(floating).removeprefix("torch.")
+    config.save_pretrained(to)
+    written = [to / HF_FILES[0]]
+    if model_class.can_generate():
+        transformers.GenerationConfig.from_model_config(config).save_pretrained(to)
+        written.append(to / HF_FILES[1])
+    return written
+
+
+def _transformers_class(target: Any) -> type | None:
+    """The class ``transformers.<Name>`` names (a top-level name of the installed package), else None."""
+    if not isinstance(target, str) or target.count(".") != 1 or not target.startswith("transformers."):
+        return None
+    try:
+        import transformers
+    except ImportError:
+        return None
+    found = getattr(transformers, target.split(".")[1], None)
+    return found if isinstance(found, type) else None
