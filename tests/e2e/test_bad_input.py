@@ -102,6 +102,8 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
         (["scheduler.min_lr_ratio=5"], "scheduler.min_lr_ratio=5.0 must be between 0 and 1"),
         (["parallel=ddp", "parallel.bucket_cap_mb=-1"], "parallel.bucket_cap_mb=-1 must be positive"),
         (["project.iteration=-1"], "project.iteration=-1 must be at least 0."),
+        (["seed=${model.nosuch}"], "seed cannot be resolved (Interpolation key 'model.nosuch' not found); set seed to "
+         "a value, or give the config the key it refers to."),
     ]  # fmt: skip
     # A manifest rewritten with its digest recomputed (as whoever crafts a folder would): each field is checked.
     crafted = {
