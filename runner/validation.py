@@ -44,21 +44,6 @@ def check_split(key: str, value: str) -> None:
         )
 
 
-def _check_interpolations(cfg: DictConfig) -> None:
-    """Every ``${...}`` resolves: a key that names a missing one (``${model.config.n_positions}`` after the model
-    node changed shape) is one sentence here, not an error while the run starts."""
-    from omegaconf.errors import InterpolationKeyError  # only a missing key: a resolver (hydra:) may need Hydra's run
-
-    try:
-        OmegaConf.to_container(cfg, resolve=True)
-    except InterpolationKeyError as error:
-        key = getattr(error, "full_key", None) or "a key"
-        reason = str(error).splitlines()[0].rstrip(".")
-        raise ConfigError(
-            f"{key} cannot be resolved ({reason}); set {key} to a value, or give the config the key it refers to."
-        ) from None
-
-
 def _at_least(cfg: DictConfig, key: str, minimum: int | float, *, optional: bool = False) -> None:
     value = OmegaConf.select(cfg, key)
     if value is None and optional:
@@ -80,8 +65,25 @@ def _one_of(key: str, value: Any, choices: tuple[str, ...]) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check what the schemas' types cannot. Raises :class:`ConfigError` with one sentence."""
-    _check_interpolations(cfg)
+    """Check what the schemas' types cannot. Raises :class:`ConfigError` with one sentence.
+
+    A ``${...}`` naming a key the config does not have is one sentence too: where a check below names the
+    missing key more precisely it does, else the first value read that refers to it, else the final pass over
+    every value."""
+    from omegaconf.errors import InterpolationKeyError  # only a missing key: a resolver (hydra:) may need Hydra's run
+
+    try:
+        _validate(cfg)
+        OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationKeyError as error:
+        key = getattr(error, "full_key", None) or "a key"
+        reason = str(error).splitlines()[0].rstrip(".")
+        raise ConfigError(
+            f"{key} cannot be resolved ({reason}); set {key} to a value, or give the config the key it refers to."
+        ) from None
+
+
+def _validate(cfg: DictConfig) -> None:
     _choice(cfg, "trainer.mixed_precision", MIXED_PRECISION_CHOICES)
     processes = cfg.trainer.num_processes
     if processes != "auto" and not (isinstance(processes, int) and not isinstance(processes, bool) and processes >= 1):
