@@ -30,8 +30,6 @@ USAGE_ERROR = 2
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 HF_FILES = ("config.json", "generation_config.json")
 
-logger = logging.getLogger("runner")
-
 
 class ExportError(Exception):
     """One sentence: what is wrong with the command line or the folder, and what to do."""
@@ -84,6 +82,7 @@ def export(
     import torch
 
     from runner.engine.manifest import CheckpointError
+    from runner.engine.model_weights import checkpoint_model_state, find_checkpoint
     from runner.engine.serialization import parse_size, save_model_files
 
     destination = _destination(Path(to))
@@ -93,11 +92,14 @@ def export(
         raise ExportError(
             f"--max-shard-size {max_shard_size} is not a size; write it like 10GB, 500MiB or 1000000."
         ) from None
-    checkpoint, manifest = _checkpoint(Path(folder))
     try:
-        state = _model_state(checkpoint, manifest, model_index)
+        checkpoint, manifest = find_checkpoint(folder)
     except CheckpointError as error:
         raise ExportError(str(error)) from None
+    try:
+        state = checkpoint_model_state(checkpoint, manifest, model_index)
+    except CheckpointError as error:
+        raise ExportError(f"--model {model_index}: {error}" if model_index else str(error)) from None
     if dtype is not None:
         target = getattr(torch, DTYPES[dtype])
         state = {name: t.to(target) if t.is_floating_point() else t for name, t in state.items()}
@@ -135,57 +137,6 @@ def _destination(to: Path) -> Path:
     if not to.parent.is_dir():
         raise ExportError(f"--to {to}: its parent folder {to.parent} does not exist; create it first.")
     return to
-
-
-def _checkpoint(folder: Path) -> tuple[Path, dict[str, Any]]:
-    """The checkpoint ``folder`` names, verified, and its manifest."""
-    from runner.engine.checkpoint import newest_intact_checkpoint, read_manifest
-    from runner.engine.constants import CHECKPOINTS_DIR, MANIFEST_NAME
-    from runner.engine.manifest import CheckpointError
-
-    folder = folder.expanduser().absolute()
-    if folder.is_file():
-        raise ExportError(f"{folder} is a file; pass a run folder or a checkpoint folder (checkpoints/checkpoint_N).")
-    if not folder.is_dir():
-        raise ExportError(
-            f"{folder} does not exist; pass a run folder or a checkpoint folder (checkpoints/checkpoint_N)."
-        )
-    if not (folder / MANIFEST_NAME).is_file():
-        if not (folder / CHECKPOINTS_DIR).is_dir():
-            raise ExportError(
-                f"{folder} is neither a checkpoint (it has no {MANIFEST_NAME}) nor a run folder (it has no "
-                f"{CHECKPOINTS_DIR}/ folder); pass one of those."
-            )
-        newest, skipped = newest_intact_checkpoint(folder / CHECKPOINTS_DIR)
-        for damaged, error in skipped:
-            logger.warning("Skipping %s: %s", damaged.name, error)
-        if newest is None:
-            raise ExportError(f"{folder} has no intact checkpoint in {folder / CHECKPOINTS_DIR}; nothing to export.")
-        folder = newest
-    try:
-        return folder, read_manifest(folder)
-    except CheckpointError as error:
-        raise ExportError(str(error)) from None
-
-
-def _model_state(checkpoint: Path, manifest: dict[str, Any], index: int) -> dict[str, Any]:
-    """Model ``index``'s whole state dict, however the checkpoint stores it."""
-    from runner.engine.checkpoint_loading import ListedCheckpoint
-    from runner.engine.constants import MODEL_NAME, indexed_name
-    from runner.engine.serialization import load_safetensors
-    from runner.engine.sharded_state import load_full_model_state
-
-    models = manifest["contents"]["models"]
-    if not 0 <= index < models:
-        raise ExportError(
-            f"--model {index}: {checkpoint} holds {models} model{'s' if models != 1 else ''}; give 0"
-            f"{f' to {models - 1}' if models > 1 else ''}."
-        )
-    listed = ListedCheckpoint(checkpoint, manifest["state_format"], manifest["files"])
-    if manifest["state_format"] == "dcp":
-        folder = indexed_name(MODEL_NAME, index, "")
-        return load_full_model_state(checkpoint / folder, listed.listed_in(folder))
-    return load_safetensors(listed.require(indexed_name(MODEL_NAME, index, ".safetensors")))
 
 
 def _hugging_face_files(checkpoint: Path, to: Path, state: dict[str, Any], dtype: str | None) -> list[Path]:

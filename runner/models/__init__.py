@@ -2,5 +2,6 @@
 
 from runner.models.cnn import MnistCNN
 from runner.models.gpt import GPT
+from runner.models.run_weights import from_run
 
-__all__ = ["GPT", "MnistCNN"]
+__all__ = ["GPT", "MnistCNN", "from_run"]

@@ -106,6 +106,34 @@ def test_shakespeare_hf_learns_and_leaves_a_hugging_face_model(request, run_name
         assert (exported / name).read_text() == (run / "model" / name).read_text()
 
 
+FROM_RUN = """# The tiny GPT-2, started from another run's weights
+_target_: runner.models.from_run
+source: ???
+model:
+  _target_: transformers.GPT2LMHeadModel
+  config: {_target_: transformers.GPT2Config, vocab_size: 256, n_positions: 32, n_embd: 32, n_layer: 2, n_head: 2,
+           bos_token_id: null, eos_token_id: null}
+"""
+
+
+def test_a_run_starts_from_another_runs_weights_with_from_run(tmp_path, one_process):
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "gpt2_from_run.yaml").write_text(FROM_RUN)
+    args = [arg for arg in hf_args() if not arg.startswith("model.config.")]  # the model node is FROM_RUN's
+    run = tmp_path / "tuned"
+    done = run_cli(
+        "--config-dir", str(tmp_path / "conf"), *args, "model=gpt2_from_run", f"model.source={one_process}",
+        "data.train.block_size=32", "optimizer.lr=1e-12", "trainer.max_steps=1", f"hydra.run.dir={run}", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    # One AdamW step of lr 1e-12 moves a weight by about 1e-12: the run holds the source run's final weights (an
+    # untrained model's differ by 1e-2) and evaluates as the source did.
+    expected, got = (load_file(folder / "model" / "model.safetensors") for folder in (one_process, run))
+    assert expected.keys() == got.keys()
+    assert max((expected[k] - got[k]).abs().max().item() for k in expected) < 1e-10
+    assert metrics(run)["eval/loss"] == pytest.approx(metrics(one_process)["eval/loss"], abs=1e-6)
+
+
 def test_fsdp_run_trains_and_leaves_a_hugging_face_model(tmp_path):
     run = train(
         tmp_path / "fsdp", "trainer.max_steps=20", "trainer.num_processes=2", "parallel=fsdp",

@@ -100,8 +100,8 @@ def test_every_bad_input_is_one_sentence_exit_code_2_and_writes_nothing(run, tmp
          "checkpoint folder (checkpoints/checkpoint_N)."),
         ([str(tmp_path / "empty"), "--to", out], f"{tmp_path / 'empty'} is neither a checkpoint (it has no "
          "manifest.json) nor a run folder (it has no checkpoints/ folder); pass one of those."),
-        ([str(damaged), "--to", out], f"{damaged} has no intact checkpoint in {damaged / 'checkpoints'}; nothing to "
-         "export."),
+        ([str(damaged), "--to", out], f"{damaged} has no intact checkpoint in {damaged / 'checkpoints'}; point at a "
+         "run or checkpoint that has one."),
         ([str(damaged / "checkpoints" / "checkpoint_0"), "--to", out], "model.safetensors does not match its "
          "xxh3_128 digest in the manifest"),
         ([str(damaged), "--to", str(tmp_path / "full")], f"--to {tmp_path / 'full'} already holds files; give a new "
@@ -137,7 +137,8 @@ def test_a_checkpoint_of_two_models_exports_the_one_asked_for(tmp_path, capsys):
     exported = load_file(tmp_path / "second" / "model.safetensors")
     assert torch.equal(exported["weight"], second.weight.detach()) and exported["weight"].shape == (1, 3)
     assert main([str(tmp_path / "state"), "--to", str(tmp_path / "third"), "--model", "2"]) == 2
-    assert capsys.readouterr().err.endswith(f"--model 2: {tmp_path / 'state'} holds 2 models; give 0 to 1.\n")
+    expected = f"--model 2: {tmp_path / 'state'} holds 2 models, so there is no model 2; give 0 to 1.\n"
+    assert capsys.readouterr().err.endswith(expected)
 
 
 def test_only_a_transformers_class_named_by_its_top_level_name_is_ever_built():

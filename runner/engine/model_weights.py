@@ -1,0 +1,128 @@
+"""A model's whole weights from a folder, whatever wrote them, read on one process: what ``runner export`` writes
+out and ``runner.models.from_run`` loads.
+
+- :func:`find_checkpoint`: a checkpoint folder, or a run folder's newest intact checkpoint, its files hashed.
+- :func:`checkpoint_model_state`: one model's whole state dict from a checkpoint of any strategy (one
+  process, DDP: a safetensors file; FSDP and tensor parallelism: DCP shards, gathered here without a
+  process group).
+- :func:`read_model_weights`: from a run folder (its final ``model/``, else its newest checkpoint), a
+  checkpoint, or a weights folder (``save_model``'s, ``runner export``'s, a Hugging Face model's
+  safetensors).
+
+Only data is read: safetensors, DCP metadata through :func:`runner.engine.sharded_state.read_dcp_metadata`.
+Every error is one :class:`~runner.engine.manifest.CheckpointError` sentence naming the folder.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runner.engine.constants import (
+    CHECKPOINTS_DIR,
+    MANIFEST_NAME,
+    MODEL_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    indexed_name,
+)
+from runner.engine.manifest import CheckpointError
+
+logger = logging.getLogger("runner")
+
+_FOLDERS = "a run folder or a checkpoint folder (checkpoints/checkpoint_N)"
+
+
+def find_checkpoint(folder: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint ``folder`` is, or the newest intact one of the run folder it is (newer damaged ones skipped
+    with a warning), and its manifest, every listed file hashed.
+
+    Raises:
+        CheckpointError: The folder is missing, a file, neither kind, or holds no intact checkpoint.
+    """
+    from runner.engine.checkpoint_folders import newest_intact_checkpoint
+    from runner.engine.manifest import read_manifest
+
+    folder = Path(folder).expanduser().absolute()
+    if folder.is_file():
+        raise CheckpointError(f"{folder} is a file; pass {_FOLDERS}.")
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder} does not exist; pass {_FOLDERS}.")
+    if not (folder / MANIFEST_NAME).is_file():
+        if not (folder / CHECKPOINTS_DIR).is_dir():
+            raise CheckpointError(
+                f"{folder} is neither a checkpoint (it has no {MANIFEST_NAME}) nor a run folder (it has no "
+                f"{CHECKPOINTS_DIR}/ folder); pass one of those."
+            )
+        newest, skipped = newest_intact_checkpoint(folder / CHECKPOINTS_DIR)
+        for damaged, error in skipped:
+            logger.warning("Skipping %s: %s", damaged.name, error)
+        if newest is None:
+            raise CheckpointError(
+                f"{folder} has no intact checkpoint in {folder / CHECKPOINTS_DIR}; point at a run or checkpoint that "
+                "has one."
+            )
+        folder = newest
+    return folder, read_manifest(folder)
+
+
+def checkpoint_model_state(checkpoint: Path, manifest: dict[str, Any], index: int = 0) -> dict[str, torch.Tensor]:
+    """Model ``index``'s whole state dict from a checkpoint whose ``manifest`` was read (and its files checked).
+
+    Raises:
+        CheckpointError: There is no model ``index``, or its files are not what the manifest says.
+    """
+    from runner.engine.checkpoint_loading import ListedCheckpoint
+    from runner.engine.serialization import load_safetensors
+    from runner.engine.sharded_state import load_full_model_state
+
+    models = manifest["contents"]["models"]
+    if not 0 <= index < models:
+        choices = "0" if models == 1 else f"0 to {models - 1}"
+        raise CheckpointError(
+            f"{checkpoint} holds {models} model{'s' if models != 1 else ''}, so there is no model {index}; give "
+            f"{choices}."
+        )
+    listed = ListedCheckpoint(checkpoint, manifest["state_format"], manifest["files"])
+    if manifest["state_format"] == "dcp":
+        folder = indexed_name(MODEL_NAME, index, "")
+        return load_full_model_state(checkpoint / folder, listed.listed_in(folder))
+    return load_safetensors(listed.require(indexed_name(MODEL_NAME, index, ".safetensors")))
+
+
+def read_model_weights(source: str | Path, *, final_folder: str = "model") -> tuple[dict[str, torch.Tensor], Path]:
+    """The whole weights ``source`` holds, and the folder they were read from.
+
+    ``source`` is a weights folder (``model.safetensors``, or its index and shards), a run folder (its
+    ``final_folder`` when the run finished, else its newest intact checkpoint), or a checkpoint folder.
+
+    Raises:
+        CheckpointError: Nothing there holds weights, or what does is damaged.
+    """
+    from runner.engine.serialization import load_state_dict_files
+
+    folder = Path(source).expanduser().absolute()
+    for weights in (folder, folder / final_folder):
+        if (weights / SAFE_WEIGHTS_NAME).is_file() or (weights / SAFE_WEIGHTS_INDEX_NAME).is_file():
+            try:
+                return load_state_dict_files(weights), weights
+            except (OSError, ValueError, KeyError) as error:
+                raise CheckpointError(
+                    f"{weights} holds weights that cannot be read ({type(error).__name__}: {error}); they are damaged, "
+                    "so write them again or point at a checkpoint."
+                ) from None
+    if folder.is_dir() and any(folder.glob("*.bin")) and not (folder / MANIFEST_NAME).is_file():
+        raise CheckpointError(
+            f"{folder} holds pickled weights (.bin), which are never unpickled here; convert them to safetensors "
+            "(save_pretrained(..., safe_serialization=True)) or point at a run or checkpoint folder."
+        )
+    if folder.is_dir() and not (folder / MANIFEST_NAME).is_file() and not (folder / CHECKPOINTS_DIR).is_dir():
+        raise CheckpointError(
+            f"{folder} holds no {SAFE_WEIGHTS_NAME}, no checkpoint and no run; pass a weights folder, a run folder or "
+            "a checkpoint folder (checkpoints/checkpoint_N)."
+        )
+    checkpoint, manifest = find_checkpoint(folder)
+    return checkpoint_model_state(checkpoint, manifest), checkpoint

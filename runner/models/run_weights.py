@@ -1,0 +1,86 @@
+"""``runner.models.from_run``: a model declared in YAML, started from the weights of another run.
+
+    model:
+      _target_: runner.models.from_run
+      source: outputs/2026-12-01/10-00-00      # a run folder, a checkpoint, or a weights folder
+      model:                                   # the model to build, as any model node
+        _target_: transformers.GPT2LMHeadModel
+        config: {_target_: transformers.GPT2Config, n_layer: 4, ...}
+
+The model is built as its node says, then takes the weights ``source`` holds: a finished run's final
+``model/`` (an unfinished run's newest intact checkpoint), any checkpoint (one process, DDP, FSDP or tensor
+parallel shards), or a weights folder (``runner export``'s, ``save_model``'s, a Hugging Face model's
+``model.safetensors``). The folder's own config is never read: the code that runs is the model node here.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from runner.engine.manifest import CheckpointError
+from runner.engine.model_weights import read_model_weights
+
+
+def from_run(source: str | os.PathLike, model: nn.Module, strict: bool = True, **given) -> nn.Module:
+    """``model`` with the weights of ``source`` (see the module docstring); returns ``model``.
+
+    With ``strict``, every parameter and buffer of ``model`` must be in ``source`` (a tied weight may be there
+    under one of its names, as Hugging Face stores a tied head) and ``source`` may hold nothing else.
+    ``given``: what a recipe passes a model it builds (the language model's ``vocab_size``, from its data):
+    the model node must already say the same, since the model was built before this call.
+
+    Raises:
+        ValueError: One sentence: ``source`` holds no weights, damaged ones, or weights of another model.
+    """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"from_run's model is {type(model).__name__}, not a torch module; give it a model node.")
+    for key, value in given.items():
+        if getattr(model, key, value) != value:
+            raise ValueError(
+                f"The data needs {key}={value}, and model.model builds {type(model).__name__} with "
+                f"{key}={getattr(model, key)}; set model.model.{key}={value}."
+            )
+    try:
+        weights, folder = read_model_weights(source)
+    except CheckpointError as error:
+        raise ValueError(str(error)) from None
+    if any(parameter.is_meta for parameter in model.parameters()):
+        return model  # built on the meta device, to check the config: nothing to load into
+    expected = dict(model.state_dict(keep_vars=True))
+    tied = _tied_names(model)
+    missing = [name for name in expected if name not in weights and not any(n in weights for n in tied.get(name, ()))]
+    unexpected = [name for name in weights if name not in expected]
+    mismatched = [
+        f"{name} {tuple(weights[name].shape)} for {tuple(expected[name].shape)}"
+        for name in weights
+        if name in expected and weights[name].shape != expected[name].shape
+    ]
+    if mismatched or (strict and (missing or unexpected)):
+        found = "; ".join(
+            f"{label}: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}"
+            for label, names in (("missing", missing), ("unexpected", unexpected), ("other shapes", mismatched))
+            if names
+        )
+        raise ValueError(
+            f"The weights in {folder} are not {type(model).__name__}'s ({found}); point model.source at a run of this "
+            "model, or build the model its weights were saved from."
+        )
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            if name in expected:
+                expected[name].copy_(tensor)
+        for name, names in tied.items():  # a tied weight present under one name only: the others share it
+            if name not in weights and (other := next((n for n in names if n in weights), None)) is not None:
+                expected[name].copy_(weights[other])
+    return model
+
+
+def _tied_names(model: nn.Module) -> dict[str, tuple[str, ...]]:
+    """Each parameter or buffer name that shares its tensor with others, mapped to those others."""
+    groups: dict[int, list[str]] = {}
+    for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        groups.setdefault(id(tensor), []).append(name)
+    return {name: tuple(n for n in group if n != name) for group in groups.values() if len(group) > 1 for name in group}

@@ -1,0 +1,106 @@
+"""runner.models.from_run: a declared model takes the weights of a run, a checkpoint or a weights folder, or one
+sentence says why not. (A Hugging Face run fine-tuned from another, end to end: tests/e2e/test_hugging_face.py.)"""
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from torch import nn
+
+from runner.engine import Accelerator, ProjectConfiguration
+from runner.engine.serialization import save_model_files
+from runner.models import from_run
+
+
+class Tied(nn.Module):
+    def __init__(self, width=8):
+        super().__init__()
+        self.embed = nn.Embedding(16, width)
+        self.head = nn.Linear(width, 16, bias=False)
+        self.head.weight = self.embed.weight
+        self.vocab_size = 16
+
+
+def trained(seed: int) -> Tied:
+    torch.manual_seed(seed)
+    return Tied()
+
+
+def same(a: nn.Module, b: nn.Module) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+
+def test_weights_come_from_a_weights_folder_a_finished_runs_model_or_an_unfinished_runs_newest_checkpoint(tmp_path):
+    source = trained(1)
+    save_model_files(source.state_dict(), tmp_path / "exported")  # the tied head stored once
+    loaded = from_run(tmp_path / "exported", Tied())
+    assert same(loaded, source) and loaded.head.weight is loaded.embed.weight
+
+    run = tmp_path / "run"  # an unfinished run: checkpoints only
+    accelerator = Accelerator(project_config=ProjectConfiguration(str(run), automatic_checkpoint_naming=True))
+    prepared = accelerator.prepare(trained(2))
+    accelerator.save_state()
+    with torch.no_grad():
+        prepared.embed.weight.add_(1.0)
+    accelerator.save_state()  # the newest: this one
+    assert same(from_run(run, Tied()), prepared)
+    assert same(from_run(run / "checkpoints" / "checkpoint_0", Tied()), trained(2))
+
+    save_model_files(trained(3).state_dict(), run / "model")  # now finished: its final model wins
+    assert same(from_run(str(run), Tied()), trained(3))
+
+
+def test_the_yaml_form_builds_the_model_node_then_loads(tmp_path):
+    save_model_files(nn.Linear(2, 3).state_dict(), tmp_path / "w")
+    node = {"_target_": "runner.models.from_run", "source": str(tmp_path / "w"),
+            "model": {"_target_": "torch.nn.Linear", "in_features": 2, "out_features": 3}}  # fmt: skip
+    model = instantiate(node)
+    assert isinstance(model, nn.Linear) and torch.equal(model.weight, from_run(tmp_path / "w", nn.Linear(2, 3)).weight)
+    with torch.device("meta"):  # the launcher's check of the config: the folder is read, nothing loads
+        assert instantiate(node).weight.is_meta
+
+
+def test_every_refusal_is_one_sentence(tmp_path):
+    save_model_files(trained(1).state_dict(), tmp_path / "tied")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "pickled").mkdir()
+    (tmp_path / "pickled" / "pytorch_model.bin").write_bytes(b"not read")
+    cases = [
+        (tmp_path / "missing", Tied(), f"{tmp_path / 'missing'} does not exist; pass a run folder or a checkpoint "
+         "folder (checkpoints/checkpoint_N)."),
+        (tmp_path / "empty", Tied(), f"{tmp_path / 'empty'} holds no model.safetensors, no checkpoint and no run; "
+         "pass a weights folder, a run folder or a checkpoint folder (checkpoints/checkpoint_N)."),
+        (tmp_path / "pickled", Tied(), f"{tmp_path / 'pickled'} holds pickled weights (.bin), which are never "
+         "unpickled here; convert them to safetensors (save_pretrained(..., safe_serialization=True)) or point at a "
+         "run or checkpoint folder."),
+        (tmp_path / "tied", Tied(width=4), f"The weights in {tmp_path / 'tied'} are not Tied's (other shapes: "
+         "embed.weight (16, 8) for (16, 4), head.weight (16, 8) for (16, 4)); point model.source at a run of this "
+         "model, or build the model its weights were saved from."),
+        (tmp_path / "tied", nn.Linear(8, 16), f"The weights in {tmp_path / 'tied'} are not Linear's (missing: "
+         "weight, bias; unexpected: embed.weight, head.weight); point model.source at a run of this model, or "
+         "build the model its weights were saved from."),
+        (tmp_path / "tied", "Tied", "from_run's model is str, not a torch module; give it a model node."),
+    ]  # fmt: skip
+    for source, model, sentence in cases:
+        with pytest.raises(ValueError) as refused:
+            from_run(source, model)
+        assert str(refused.value) == sentence
+    with pytest.raises(ValueError) as refused:
+        from_run(tmp_path / "tied", Tied(), vocab_size=65)  # the language model recipe passes its data's
+    assert str(refused.value) == "The data needs vocab_size=65, and model.model builds Tied with vocab_size=16; set " \
+        "model.model.vocab_size=65."  # fmt: skip
+
+
+def test_strict_false_loads_what_fits_and_leaves_the_rest(tmp_path):
+    class Wider(Tied):
+        def __init__(self):
+            super().__init__()
+            self.extra = nn.Linear(2, 2)
+
+    save_model_files(trained(1).state_dict(), tmp_path)
+    torch.manual_seed(5)
+    model = Wider()
+    before = model.extra.weight.clone()
+    with pytest.raises(ValueError, match=r"are not Wider's \(missing: extra.weight, extra.bias\)"):
+        from_run(tmp_path, Wider())
+    from_run(tmp_path, model, strict=False)
+    assert torch.equal(model.embed.weight, trained(1).embed.weight) and torch.equal(model.extra.weight, before)
