@@ -290,7 +290,9 @@ def _resolvers_in(node: Any, key: str) -> Iterator[tuple[str, str, str]]:
                 yield "resolver", resolver, f"{key} uses the resolver {resolver}"
 
 
-def check_resumable(checkpoint: Path, *, path: str, overrides: list[str], search_path: list[str]) -> None:
+def check_resumable(
+    checkpoint: Path, *, path: str, overrides: list[str], search_path: list[str], command: str = "resume"
+) -> None:
     """Refuse to resume ``checkpoint`` if it is not your run and names code your configs and command line do not.
 
     Args:
@@ -298,16 +300,18 @@ def check_resumable(checkpoint: Path, *, path: str, overrides: list[str], search
         path: What the user typed after ``resume=``, for the message.
         overrides: This command line's overrides (``trust_resume=true`` among them accepts any code).
         search_path: The current command line's config folders (``file://...``, ``pkg://...``), beside conf/.
+        command: ``resume``, or the verb that rebuilds the run's model instead (``generate``), for the message.
 
     Raises:
         ConfigError: One sentence listing the unknown targets and how to accept them.
     """
+    asked, doing = (f"resume={path}", "resuming") if command == "resume" else (f"runner {command} {path}", command)
     if _trusted(overrides) or signed_by_you(checkpoint):
         return
     run_dir = checkpoint.resolve().parent.parent
     if Path.cwd().resolve().is_relative_to(run_dir):
         raise ConfigError(
-            f"resume={path}: {run_dir} was not written by you and this command runs inside it, where Python imports "
+            f"{asked}: {run_dir} was not written by you and this command runs inside it, where Python imports "
             f"the folder's own modules first; run it from outside the folder (cd {run_dir.parent})."
         )
     targets, recipes = installed_names([CONF_DIR, *search_path_folders(search_path)])
@@ -320,9 +324,9 @@ def check_resumable(checkpoint: Path, *, path: str, overrides: list[str], search
             unknown.append(shown)
     if unknown:
         raise ConfigError(
-            f"resume={path}: {checkpoint} was not written by you (it carries no signature of your key "
+            f"{asked}: {checkpoint} was not written by you (it carries no signature of your key "
             f"{key_path()}) and names code that your config groups and this command line do not "
-            f"({', '.join(unknown)}); resuming would run it, so read that code first and add "
+            f"({', '.join(unknown)}); {doing} would run it, so read that code first and add "
             f"{TRUST_KEY}=true to accept it."
         )
 

@@ -20,8 +20,9 @@ def main() -> None:
     """The ``runner`` console script and ``python -m runner``: Hydra's command line, checked first.
 
     ``runner launch|config|env ...`` are Accelerate's commands for a plain engine script: see
-    :mod:`runner.launch.commands`. ``runner export ...`` writes a checkpoint's model as plain files: see
-    :mod:`runner.cli.export`.
+    :mod:`runner.launch.commands`. ``runner export ...`` writes a checkpoint's model as plain files
+    (:mod:`runner.cli.export`), ``runner generate ...`` samples text from a language-model run
+    (:mod:`runner.cli.generate`).
     """
     from runner.launch.commands import command_of, run_command
 
@@ -31,6 +32,10 @@ def main() -> None:
         from runner.cli.export import main as export
 
         sys.exit(export(sys.argv[2:]))
+    if sys.argv[1:2] == ["generate"]:  # text from a language-model run: runner/cli/generate.py
+        from runner.cli.generate import main as generate
+
+        sys.exit(generate(sys.argv[2:]))
     from runner.cli.app import run_hydra  # Hydra's imports start here: after the dispatch, which needs none
     from runner.cli.command_line import parse_arguments, read
     from runner.cli.help import print_help

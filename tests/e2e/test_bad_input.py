@@ -122,6 +122,14 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
          "non-negative integer or null; the manifest is damaged, so load a different checkpoint."),
         ([f"resume={tmp_path / 'samples_seen' / 'checkpoints' / 'checkpoint_1'}"], 2, "manifest.json: "
          "dataloaders[0].samples_seen is -64, not a non-negative integer; the manifest is damaged"),
+        # The verbs after training: the same rules, the same one sentence.
+        (["generate", str(run), "prompt=x"], 2, f"{run} is not a language model run (recipe="),
+        (["generate", str(run), "temprature=0.5"], 2, "'temprature=0.5' is not a setting (did you mean temperature?)"),
+        (["generate", str(tmp_path / "missing")], 2, f"{tmp_path / 'missing'} does not exist; pass a run folder"),
+        (["export", str(run), "--to", str(run / "model")], 2, f"--to {run / 'model'} already holds files; give a new "
+         "or empty folder (nothing was written)."),
+        (["export", str(corrupted / "checkpoints" / "checkpoint_1"), "--to", str(tmp_path / "exported")], 2,
+         "optimizer.bin does not match its xxh3_128 digest in the manifest"),
     ]  # fmt: skip
     # Each is refused before a run starts: one Python process takes them all through the entry point (torch is
     # imported once), as a user's `runner` would.
@@ -130,7 +138,7 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
     for (arguments, code, sentence), result in zip(refusals, results, strict=True):
         _assert_one_sentence(arguments, result["returncode"], result["stderr"], code, sentence)
     busy.close()
-    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("refused_")]  # nothing was written
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(("refused_", "exported"))]  # nothing written
 
     # A checkpoint of another model is found out once the workers load it, as a user runs it.
     other_model = [f"resume={run}", "model.hidden=64", "trainer.max_steps=8"]
@@ -161,5 +169,6 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
 def _assert_one_sentence(arguments, returncode: int, stderr: str, code: int, sentence: str) -> None:
     lines = stderr.strip().splitlines()
     assert returncode == code, (arguments, stderr[-2000:])
-    assert lines and lines[-1].startswith("runner: error: ") and sentence in lines[-1], (arguments, lines[-1:])
+    prefix = f"runner {arguments[0]}: error: " if arguments[0] in ("export", "generate") else "runner: error: "
+    assert lines and lines[-1].startswith(prefix) and sentence in lines[-1], (arguments, lines[-1:])
     assert "Traceback" not in stderr, arguments

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from runner.cli.export import main as export
+from runner.cli.generate import generate
 from runner.data import causal_lm_blocks
 from tests.e2e.conftest import REPO, metrics, run_cli
 
@@ -104,6 +105,21 @@ def test_shakespeare_hf_learns_and_leaves_a_hugging_face_model(request, run_name
     assert (exported / "model.safetensors").read_bytes() == (run / "model" / "model.safetensors").read_bytes()
     for name in ("config.json", "generation_config.json"):  # copied from the run's final model folder
         assert (exported / name).read_text() == (run / "model" / name).read_text()
+
+
+def test_generate_samples_a_hugging_face_run_as_its_own_generate_does(one_process):
+    settings = {"prompt": "KING:", "max_new_tokens": 24, "temperature": 0.9, "top_k": 40}
+    first = generate(str(one_process), **settings, seed=3)
+    assert first.startswith("KING:") and generate(str(one_process), **settings, seed=3) == first
+    assert generate(str(one_process), **settings, seed=4) != first
+    model = transformers.AutoModelForCausalLM.from_pretrained(one_process / "model").eval()
+    torch.manual_seed(3)
+    with torch.no_grad():  # the bytes of the text, as the run read its corpus
+        ids = model.generate(
+            torch.tensor([list(b"KING:")]), attention_mask=torch.ones(1, 5, dtype=torch.long), max_new_tokens=24,
+            min_new_tokens=24, do_sample=True, temperature=0.9, top_k=40, pad_token_id=0,
+        )  # fmt: skip
+    assert first == bytes(ids[0].tolist()).decode("utf-8", errors="replace") + "\n"
 
 
 FROM_RUN = """# The tiny GPT-2, started from another run's weights

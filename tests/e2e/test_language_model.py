@@ -1,5 +1,6 @@
 """``python -m runner experiment=shakespeare_gpt*`` end to end, on tiny models and the real corpus."""
 
+import io
 import json
 import math
 import re
@@ -10,6 +11,7 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 from runner.cli.export import main as export
+from runner.cli.generate import GenerateError, generate
 from runner.data.text import CharVocab, build_char_dataset, read_corpus
 from runner.engine import load_checkpoint_in_model
 from runner.models import GPT
@@ -75,6 +77,25 @@ def test_shakespeare_gpt_learns_samples_and_keeps_its_vocabulary(tmp_path):
     events.Reload()
     (text,) = events.Tensors("samples/text_summary")  # the trackers get the samples as text, at the last step
     assert text.step == 30 and text.tensor_proto.string_val[0].decode() == "\n\n---\n\n".join(samples)
+
+    # runner generate: the model's own sampling, streamed as it comes; the same seed gives the same text
+    out = io.StringIO()
+    settings = {"prompt": "ROMEO:", "max_new_tokens": 40, "temperature": 0.8, "top_k": None}
+    first = generate(str(run), **settings, seed=1, out=out)
+    assert first == out.getvalue() and first.startswith("ROMEO:") and first.endswith("\n") and len(first) == 47
+    drawn = final_model(run).generate(
+        vocab.encode("ROMEO:").long()[None], 40, temperature=0.8, generator=torch.Generator().manual_seed(1)
+    )
+    assert first == "ROMEO:" + vocab.decode(drawn[0, 6:]) + "\n"
+    assert generate(str(run), **settings, seed=1) == first and generate(str(run), **settings, seed=2) != first
+    earlier = generate(str(run / "checkpoints" / "checkpoint_0"), **settings, seed=1)  # step 15's weights
+    assert earlier != first and len(earlier) == 47
+    with pytest.raises(GenerateError) as refused:
+        generate(str(run), **{**settings, "prompt": "ROMEO€"}, seed=1)
+    assert str(refused.value) == (
+        f"prompt='ROMEO€': The character '€' is not in the vocabulary of 65 characters. Use the run's characters "
+        f"({run / 'model' / 'vocab.json'})."
+    )
 
     log = (run / "run.log").read_text()
     assert "GPT with 0.01M parameters, vocabulary of 65 characters" in log

@@ -1,0 +1,224 @@
+"""``runner generate RUN [prompt=...] [max_new_tokens=200] [temperature=0.8] [top_k=null] [seed=0]``: text from a
+language-model run, streamed to the terminal as it is sampled.
+
+RUN is a run folder (its final ``model/``, or while it has none its newest intact checkpoint) or one
+checkpoint folder. The model is rebuilt from the run's own config, on this one process and the CPU (or
+``device=cuda``), then takes the weights: so the same trust rules as ``resume=`` hold (a run you did not
+write may name only the code your configs name, unless ``trust_resume=true``). Both language-model recipes:
+``recipe=language_model`` (``runner.models.GPT``, its characters from ``vocab.json``) and a Hugging Face causal
+LM under the supervised recipe (its ``generate()``; its tokenizer where the data declares one, else UTF-8
+bytes, as ``runner.data.causal_lm_blocks`` reads the text). The same seed gives the same text.
+"""
+
+from __future__ import annotations
+
+import codecs
+import difflib
+import sys
+from pathlib import Path
+from typing import Any
+
+USAGE_ERROR = 2
+SETTINGS = {"prompt": "\n", "max_new_tokens": 200, "temperature": 0.8, "top_k": None, "seed": 0, "device": "cpu"}
+USAGE = (
+    "usage: runner generate RUN_OR_CHECKPOINT [prompt=TEXT] [max_new_tokens=200] [temperature=0.8] [top_k=null] "
+    "[seed=0] [device=cpu] [trust_resume=true]"
+)
+
+
+class GenerateError(Exception):
+    """One sentence: what is wrong with the command line or the run, and what to do."""
+
+
+def main(argv: list[str]) -> int:
+    """``runner generate``; returns its exit code."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"{USAGE}\n\n{__doc__}")
+        return 0
+    if not argv or "=" in argv[0]:
+        print(f"runner generate: error: give a run or checkpoint folder first; {USAGE}", file=sys.stderr)
+        return USAGE_ERROR
+    try:
+        settings, trusted = _settings(argv[1:])
+        generate(argv[0], **settings, trust=trusted, out=sys.stdout)
+    except GenerateError as error:
+        print(f"runner generate: error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    return 0
+
+
+def _settings(pairs: list[str]) -> tuple[dict[str, Any], bool]:
+    settings, trusted = dict(SETTINGS), False
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if key == "trust_resume" and equals:
+            trusted = value.lower() == "true"
+            continue
+        if key not in SETTINGS or not equals:
+            close = difflib.get_close_matches(key, SETTINGS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise GenerateError(f"{pair!r} is not a setting{hint}; give key=value with a key of {', '.join(SETTINGS)}.")
+        settings[key] = _value(key, value)
+    return settings, trusted
+
+
+def _value(key: str, value: str) -> Any:
+    if key in ("prompt", "device"):
+        return value.encode().decode("unicode_escape") if key == "prompt" else value  # prompt="\n" is a newline
+    if key == "top_k" and value.lower() in ("null", "none", ""):
+        return None
+    kind = float if key == "temperature" else int
+    try:
+        number = kind(value)
+    except ValueError:
+        raise GenerateError(f"{key}={value} is not a number; give {key}={SETTINGS[key] or 50}.") from None
+    if key == "seed" and number < 0:
+        raise GenerateError(f"seed={value} must be 0 or more.")
+    if key != "seed" and number <= 0:
+        raise GenerateError(f"{key}={value} must be positive.")
+    return number
+
+
+def generate(
+    folder: str,
+    *,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    seed: int,
+    device: str = "cpu",
+    trust: bool = False,
+    out=None,
+) -> str:
+    """Sample ``max_new_tokens`` after ``prompt`` from the run ``folder`` names, writing each piece to ``out`` as it
+    comes; returns the prompt and the text sampled.
+
+    Raises:
+        GenerateError: One sentence: the folder, a setting, or a prompt the model cannot read.
+    """
+    import torch
+
+    from runner.config import ConfigError
+    from runner.engine.manifest import CheckpointError
+
+    try:
+        cfg, weights = _run(folder, trust=trust)
+    except (CheckpointError, ConfigError) as error:
+        raise GenerateError(str(error)) from None
+    hugging_face = str(cfg.model.get("_target_", "")).startswith("transformers.") and cfg.get("loss") == "model"
+    if cfg.recipe != "language_model" and not hugging_face:
+        raise GenerateError(
+            f"{folder} is not a language model run (recipe={cfg.recipe}, model {cfg.model.get('_target_')}); "
+            "generate needs recipe=language_model or a transformers causal LM (loss: model)."
+        )
+    writer = _Writer(out)
+    if cfg.recipe == "language_model":
+        generator = torch.Generator().manual_seed(seed)
+        _generate_gpt(cfg, weights, prompt, max_new_tokens, temperature, top_k, generator, device, writer)
+    else:
+        _generate_hugging_face(cfg, weights, prompt, max_new_tokens, temperature, top_k, seed, device, writer)
+    writer.write("\n")
+    return writer.text
+
+
+def _run(folder: str, *, trust: bool):
+    """The run's config (trust-checked, as resume checks it) and the folder of the weights to load."""
+    from omegaconf import OmegaConf
+
+    from runner.engine.model_weights import find_checkpoint
+    from runner.layout import CONFIG_FILE, MODEL_DIR
+    from runner.provenance import check_resumable
+
+    path = Path(folder).expanduser().absolute()
+    checkpoint, _ = find_checkpoint(path)
+    if not (checkpoint / CONFIG_FILE).is_file():
+        raise GenerateError(f"{checkpoint} has no {CONFIG_FILE}, so it was not written by `python -m runner`.")
+    check_resumable(
+        checkpoint, path=folder, overrides=["trust_resume=true"] if trust else [], search_path=[], command="generate"
+    )
+    cfg = OmegaConf.load(checkpoint / CONFIG_FILE)
+    final = path / MODEL_DIR
+    return cfg, final if (final / "model.safetensors").is_file() else checkpoint
+
+
+def _generate_gpt(cfg, weights: Path, prompt, max_new_tokens, temperature, top_k, generator, device, writer) -> None:
+
+    from runner.components import build
+    from runner.data.text import VOCAB_FILE, CharVocab
+    from runner.models import from_run
+
+    vocab = CharVocab.load(weights / VOCAB_FILE)
+    try:
+        ids = vocab.encode(prompt).long()[None]
+    except ValueError as error:
+        raise GenerateError(f"prompt={prompt!r}: {error} Use the run's characters ({weights / VOCAB_FILE}).") from None
+    model = from_run(weights, build(cfg.model, key="model", vocab_size=len(vocab))).to(device).eval()
+    ids = ids.to(device)
+    writer.write(prompt)
+    for _ in range(max_new_tokens):  # one token at a time: the same draws as one call, shown as they come
+        ids = model.generate(ids, 1, temperature=temperature, top_k=top_k, generator=generator)
+        writer.write(vocab.decode(ids[0, -1:].cpu()))
+
+
+def _generate_hugging_face(
+    cfg, weights: Path, prompt, max_new_tokens, temperature, top_k, seed, device, writer
+) -> None:
+    import torch
+    from omegaconf import OmegaConf
+    from transformers.generation.streamers import BaseStreamer
+
+    from runner.components import build
+    from runner.models import from_run
+
+    tokenizer_node = OmegaConf.select(cfg, "data.train.tokenizer")
+    tokenizer = build(tokenizer_node, key="data.train.tokenizer") if tokenizer_node is not None else None
+    if tokenizer is not None:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    else:
+        ids = torch.tensor([list(prompt.encode("utf-8"))], dtype=torch.long)
+    if ids.shape[1] == 0:
+        raise GenerateError("prompt='' is empty; give the model something to continue, prompt=\\n at least.")
+    model = from_run(weights, build(cfg.model, key="model")).to(device).eval()
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    class Stream(BaseStreamer):
+        def __init__(self) -> None:
+            self.prompt_seen = False
+
+        def put(self, value: torch.Tensor) -> None:
+            if not self.prompt_seen:  # generate() hands the prompt over first
+                self.prompt_seen = True
+                return
+            tokens = value.reshape(-1).tolist()
+            writer.write(tokenizer.decode(tokens) if tokenizer is not None else decoder.decode(bytes(tokens)))
+
+        def end(self) -> None:
+            if tokenizer is None:
+                writer.write(decoder.decode(b"", final=True))
+
+    writer.write(prompt)
+    torch.manual_seed(seed)  # transformers' sampling draws from the global generator: seeded after the model's init
+    with torch.no_grad():
+        model.generate(
+            ids.to(device), attention_mask=torch.ones_like(ids).to(device), max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_k=top_k or 0,
+            streamer=Stream(), pad_token_id=0,
+        )  # fmt: skip
+
+
+class _Writer:
+    """Writes each piece to ``out`` at once (flushed) and keeps the whole text."""
+
+    def __init__(self, out) -> None:
+        self.out, self.pieces = out, []
+
+    def write(self, piece: str) -> None:
+        self.pieces.append(piece)
+        if self.out is not None:
+            self.out.write(piece)
+            self.out.flush()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)

@@ -1,0 +1,42 @@
+"""``runner generate``'s command line: its settings, their refusals, and --help. (Text from real runs, GPT and
+Hugging Face: tests/e2e/test_language_model.py, tests/e2e/test_hugging_face.py; a run that is not a language
+model: tests/e2e/test_bad_input.py.)"""
+
+import pytest
+
+from runner.cli.generate import SETTINGS, USAGE, GenerateError, _settings, main
+
+
+def test_settings_are_key_value_pairs_with_defaults_and_prompt_escapes():
+    assert _settings([]) == (SETTINGS, False)
+    settings, trusted = _settings(["prompt=ROMEO:\\n", "max_new_tokens=5", "temperature=0.5", "top_k=null", "seed=0",
+                                   "trust_resume=true"])  # fmt: skip
+    assert settings == {**SETTINGS, "prompt": "ROMEO:\n", "max_new_tokens": 5, "temperature": 0.5, "top_k": None}
+    assert trusted and _settings(["top_k=40"])[0]["top_k"] == 40
+
+
+@pytest.mark.parametrize(
+    ("pair", "sentence"),
+    [
+        ("temprature=1", "'temprature=1' is not a setting (did you mean temperature?); give key=value with a key of "
+         "prompt, max_new_tokens, temperature, top_k, seed, device."),
+        ("ROMEO", "'ROMEO' is not a setting; give key=value with a key of prompt, max_new_tokens, temperature, top_k, "
+         "seed, device."),
+        ("max_new_tokens=many", "max_new_tokens=many is not a number; give max_new_tokens=200."),
+        ("max_new_tokens=0", "max_new_tokens=0 must be positive."),
+        ("temperature=-1", "temperature=-1 must be positive."),
+        ("top_k=abc", "top_k=abc is not a number; give top_k=50."),
+        ("seed=-1", "seed=-1 must be 0 or more."),
+    ],
+)  # fmt: skip
+def test_a_bad_setting_is_one_sentence(pair, sentence):
+    with pytest.raises(GenerateError) as refused:
+        _settings([pair])
+    assert str(refused.value) == sentence
+
+
+def test_help_and_a_missing_folder(capsys):
+    assert main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith(USAGE + "\n\n``runner generate RUN")
+    assert main([]) == 2 and main(["prompt=x"]) == 2
+    assert capsys.readouterr().err == f"runner generate: error: give a run or checkpoint folder first; {USAGE}\n" * 2
