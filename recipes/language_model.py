@@ -30,6 +30,7 @@ from runner.training import (
     TrainingProgress,
     build_optimizer,
     build_scheduler,
+    finish_evaluation,
     model_flops_utilization,
     peak_bf16_flops,
     total_optimizer_steps,
@@ -135,6 +136,9 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
             )
         accelerator.load_state(cfg.resume)
         logger.info("Resumed at step %d (epoch %d) from %s", progress.step, train_loader.iteration, cfg.resume)
+    if cfg.evaluate_only:  # runner eval
+        finish_evaluation(accelerator, cfg, evaluate(model, eval_loader, accelerator), step=progress.step)
+        return None
     trackers.start(accelerator, cfg)
 
     peak_flops = peak_bf16_flops(accelerator.device)

@@ -38,6 +38,7 @@ from runner.training import (
     TrainingProgress,
     build_optimizer,
     build_scheduler,
+    finish_evaluation,
     total_optimizer_steps,
     write_metrics,
 )
@@ -99,10 +100,14 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     if cfg.resume:
         accelerator.load_state(cfg.resume)
         logger.info("Resumed at step %d (epoch %d) from %s", progress.step, train_loader.iteration, cfg.resume)
-    trackers.start(accelerator, cfg)
 
     def evaluate_split() -> dict[str, float]:
         return evaluate(model, eval_loader, accelerator, loss_fn=loss_fn, metrics=metrics)
+
+    if cfg.evaluate_only:  # runner eval
+        finish_evaluation(accelerator, cfg, evaluate_split(), step=progress.step)
+        return None
+    trackers.start(accelerator, cfg)
 
     loop = TrainingLoop(
         accelerator, cfg, progress=progress, total_steps=total_steps,

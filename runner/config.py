@@ -246,6 +246,7 @@ class RunnerConfig:
     seed: int = 42
     resume: str | None = None
     trust_resume: bool = False  # resume a folder that names code your configs do not (runner.provenance)
+    evaluate_only: bool = False  # runner eval: evaluate the resumed checkpoint's model, train and write nothing else
 
 
 OPTION_SCHEMAS: dict[str, dict[str, type]] = {

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -300,6 +301,26 @@ def config_hash(cfg: DictConfig) -> str:
     """sha256 of the resolved config (keys sorted): the same config always hashes the same."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     return hashlib.sha256(json.dumps(resolved, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def finish_evaluation(accelerator, cfg, results: dict[str, float], *, step: int) -> dict[str, Any]:
+    """``runner eval``'s end (``evaluate_only``): the main process logs the results and writes them to
+    ``eval-<time>.json`` in the run folder, beside what training wrote, which stays as it was."""
+    record = {"checkpoint": str(cfg.resume), "step": step, **results}
+    if accelerator.is_main_process:
+        from datetime import datetime
+
+        project_dir = Path(accelerator.project_dir)
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        path, n = project_dir / f"eval-{stamp}.json", 0
+        while path.exists():
+            n += 1
+            path = project_dir / f"eval-{stamp}-{n}.json"
+        write_metrics(path, record)
+        shown = " | ".join(f"{key} {value:.6g}" for key, value in results.items())
+        logger.info("Evaluated %s (step %d): %s; written to %s", cfg.resume, step, shown, path)
+    accelerator.end_training()
+    return record
 
 
 def write_metrics(path: str | os.PathLike, metrics: dict[str, Any]) -> None:

@@ -139,6 +139,11 @@ def _validate(cfg: DictConfig) -> None:
             "trainer.num_nodes > 1 needs project.project_dir set to the same shared folder on every node, so all "
             "nodes write one run."
         )
+    if cfg.get("evaluate_only") and not cfg.resume:
+        raise ConfigError(
+            "evaluate_only=true evaluates a run's checkpoint; use runner eval <run folder> (or add "
+            "resume=<run folder>)."
+        )
     recipe_module(cfg.recipe)
     _check_loss_and_metrics(cfg)
     _check_recipe_fits(cfg)

@@ -36,6 +36,8 @@ def main() -> None:
         from runner.cli.generate import main as generate
 
         sys.exit(generate(sys.argv[2:]))
+    if sys.argv[1:2] == ["eval"]:  # runner eval RUN [key=value ...]: resume=RUN evaluate_only=true, checked as one
+        sys.argv = _eval_command(sys.argv[2:])
     from runner.cli.app import run_hydra  # Hydra's imports start here: after the dispatch, which needs none
     from runner.cli.command_line import parse_arguments, read
     from runner.cli.help import print_help
@@ -80,6 +82,25 @@ def main() -> None:
     finally:
         if lock is not None:
             lock.release()
+
+
+EVAL_USAGE = "usage: runner eval RUN_OR_CHECKPOINT [key=value ...]   (e.g. data.eval_split=... trainer.num_processes=1)"
+
+
+def _eval_command(argv: list[str]) -> list[str]:
+    """``runner eval FOLDER [overrides]`` as the command it stands for: ``runner resume=FOLDER evaluate_only=true
+    [overrides]``. The checkpoint's model is evaluated on the run's eval data and metrics (or those the overrides
+    give), on as many processes as the run (or ``trainer.num_processes=``); the results go to
+    ``eval-<time>.json`` in the run folder, and nothing else there changes."""
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"{EVAL_USAGE}\n\n{_eval_command.__doc__}")
+        sys.exit(0)
+    if not argv or "=" in argv[0]:
+        print(f"runner: error: runner eval needs a run or checkpoint folder first; {EVAL_USAGE}", file=sys.stderr)
+        sys.exit(USAGE_ERROR)
+    from runner.overrides import hydra_value
+
+    return ["runner", f"resume={hydra_value(argv[0])}", "evaluate_only=true", *argv[1:]]
 
 
 def take_run_folder(command, args):

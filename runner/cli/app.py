@@ -130,7 +130,7 @@ def _resolve(cfg: DictConfig, command: CommandLine | None, job) -> tuple[DictCon
     if resume is None and cfg.resume:  # a sweep job's, or a config composed without the command line
         resume = resumes.from_config(str(cfg.resume), overrides, search_path=_hydra_search_path())
     if resume is not None:
-        cfg, overrides = resumes.resumed_run(resume, overrides)
+        cfg, overrides = resumes.resumed_run(resume, overrides, composed=cfg)
         validate(cfg)
     if not checked or resume is not None:  # a resumed run's config is its own, not the one the command composed
         check_targets(cfg)

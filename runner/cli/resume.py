@@ -9,8 +9,11 @@ of itself decides the same way, from its own folder (:func:`from_config`).
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -69,15 +72,19 @@ def from_config(path: str, overrides: list[str], *, search_path: list[str]) -> R
     return Resume(path, run_dir, checkpoint, tuple(replayed_overrides(checkpoint)))
 
 
-def resumed_run(resume: Resume, task_overrides: list[str]) -> tuple[DictConfig, list[str]]:
+def resumed_run(
+    resume: Resume, task_overrides: list[str], composed: DictConfig | None = None
+) -> tuple[DictConfig, list[str]]:
     """The resumed run's config with this command's new overrides, and the overrides it now stands for.
 
     ``task_overrides`` are those Hydra composed: the replayed ones first, then the command's own.
+    ``composed``: the config Hydra composed from them, whose ``${...}`` say which saved values follow an
+    overridden one (see :func:`resumed_config`).
     """
     given = parsed.without(task_overrides, "resume")
     replayed = list(resume.replayed)
     new = given[len(replayed) :] if given[: len(replayed)] == replayed else given
-    cfg = resumed_config(resume.checkpoint, new)
+    cfg = resumed_config(resume.checkpoint, new, composed=composed)
     cfg.project.project_dir = str(resume.run_dir)
     cfg.resume = str(resume.checkpoint)
     if (change := schedule_change(resume.checkpoint, cfg)) is not None:
@@ -154,10 +161,13 @@ def replayed_overrides(checkpoint: Path) -> list[str]:
     return [o for o in parsed.without(saved, "resume", TRUST_KEY) if not parsed.is_hydra(o)]
 
 
-def resumed_config(checkpoint: Path, new_overrides: list[str]) -> DictConfig:
+def resumed_config(checkpoint: Path, new_overrides: list[str], *, composed: DictConfig | None = None) -> DictConfig:
     """The checkpointed run's own config with ``new_overrides`` (``key=value``) applied on top.
 
-    The overrides are parsed with Hydra's grammar, exactly as on a fresh command line.
+    The overrides are parsed with Hydra's grammar, exactly as on a fresh command line. The saved config is
+    resolved, so a value that the run's config took from another key (``data.eval.split: ${data.eval_split}``)
+    would not follow an override of that key; where ``composed`` (this command's composition) links a value to an
+    overridden key, the link is put back, and the value follows.
     """
     from runner.config import RunnerConfig, upgrade_tracker_node
 
@@ -172,7 +182,33 @@ def resumed_config(checkpoint: Path, new_overrides: list[str]) -> DictConfig:
         except Exception as error:  # omegaconf raises several types; the first line names the key
             reason = str(error).splitlines()[0]
             raise ConfigError(f"Cannot apply {key}={override.value()!r} to the resumed run: {reason}.") from None
+    if composed is not None:
+        _relink(cfg, composed, {override.key_or_group for override in parsed.parse(new_overrides)})
     return cfg
+
+
+_REFERENCE = re.compile(r"\$\{\s*([\w.\-]+)\s*\}")  # ${a.b}; a resolver's ${name:...} is not a key
+
+
+def _relink(cfg: DictConfig, composed: DictConfig, overridden: set[str]) -> None:
+    """Set back, in the resumed ``cfg``, every ``${...}`` of ``composed`` that refers to an ``overridden`` key."""
+
+    def walk(node: Any, path: str) -> Iterator[tuple[str, str]]:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                yield from walk(value, f"{path}.{key}" if path else str(key))
+        elif isinstance(node, str) and "${" in node:
+            yield path, node
+
+    raw = OmegaConf.to_container(composed, resolve=False)
+    for path, text in walk(raw, ""):
+        refers = _REFERENCE.findall(text)
+        follows = any(ref == key or ref.startswith(f"{key}.") for ref in refers for key in overridden)
+        if follows and path not in overridden and OmegaConf.select(cfg, path, default=_ABSENT) is not _ABSENT:
+            OmegaConf.update(cfg, path, text, merge=False)
+
+
+_ABSENT = object()
 
 
 def check_extent(checkpoint: Path, cfg: DictConfig, *, path: str) -> None:

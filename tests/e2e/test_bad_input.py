@@ -126,6 +126,10 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
         (["generate", str(run), "prompt=x"], 2, f"{run} is not a language model run (recipe="),
         (["generate", str(run), "temprature=0.5"], 2, "'temprature=0.5' is not a setting (did you mean temperature?)"),
         (["generate", str(tmp_path / "missing")], 2, f"{tmp_path / 'missing'} does not exist; pass a run folder"),
+        (["eval", str(not_a_checkpoint)], 2, f"resume={not_a_checkpoint} is neither a checkpoint folder"),
+        (["eval"], 2, "runner eval needs a run or checkpoint folder first; usage: runner eval RUN_OR_CHECKPOINT"),
+        ([*common, "evaluate_only=true", f"hydra.run.dir={tmp_path / 'refused_eval'}"], 2, "evaluate_only=true "
+         "evaluates a run's checkpoint; use runner eval <run folder> (or add resume=<run folder>)."),
         (["export", str(run), "--to", str(run / "model")], 2, f"--to {run / 'model'} already holds files; give a new "
          "or empty folder (nothing was written)."),
         (["export", str(corrupted / "checkpoints" / "checkpoint_1"), "--to", str(tmp_path / "exported")], 2,
@@ -170,5 +174,6 @@ def _assert_one_sentence(arguments, returncode: int, stderr: str, code: int, sen
     lines = stderr.strip().splitlines()
     assert returncode == code, (arguments, stderr[-2000:])
     prefix = f"runner {arguments[0]}: error: " if arguments[0] in ("export", "generate") else "runner: error: "
+    # (runner eval is resume=RUN evaluate_only=true: the runner's own sentences)
     assert lines and lines[-1].startswith(prefix) and sentence in lines[-1], (arguments, lines[-1:])
     assert "Traceback" not in stderr, arguments

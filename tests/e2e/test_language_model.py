@@ -97,6 +97,13 @@ def test_shakespeare_gpt_learns_samples_and_keeps_its_vocabulary(tmp_path):
         f"({run / 'model' / 'vocab.json'})."
     )
 
+    # runner eval: the final checkpoint's eval, exactly the run's own
+    evaluated = run_cli("eval", str(run), cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    (record,) = [json.loads(path.read_text()) for path in run.glob("eval-*.json")]
+    assert record == {"checkpoint": str(run / "checkpoints" / "checkpoint_1"), "step": 30,
+                      "eval/loss": summary["eval/loss"], "eval/perplexity": summary["eval/perplexity"]}  # fmt: skip
+
     log = (run / "run.log").read_text()
     assert "GPT with 0.01M parameters, vocabulary of 65 characters" in log
     assert "train/tokens_per_second" in log and "train/mfu" not in log  # MFU only on GPUs

@@ -21,6 +21,10 @@ def scalars(log_dir):
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
+def _written_at(path) -> int:
+    return path.stat().st_mtime_ns
+
+
 def test_default_experiment_on_one_process(tmp_path):
     run = tmp_path / "run"
     result = run_cli(*mnist_args(), "trainer.max_steps=20", f"hydra.run.dir={run}", cwd=tmp_path)
@@ -47,6 +51,22 @@ def test_default_experiment_on_one_process(tmp_path):
     load_checkpoint_in_model(fresh, run / "model", strict=True)  # the final model, into a plain model
     saved = load_file(run / "model" / "model.safetensors")
     assert all(torch.equal(fresh.state_dict()[k], saved[k]) for k in saved)
+
+    # runner eval: the newest checkpoint's model on the run's eval data gives the run's own final eval, exactly;
+    # another split its own numbers; nothing the run wrote changes.
+    files = [*(run / "checkpoints").rglob("*"), *(run / "model").iterdir()]
+    written = {path: path.read_bytes() for path in files if path.is_file()}
+    evaluated = run_cli("eval", str(run), cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    other = run_cli("eval", str(run), 'data.eval_split="test[9000:9100]"', cwd=tmp_path)
+    assert other.returncode == 0, other.stderr[-3000:]
+    first, second = (json.loads(path.read_text()) for path in sorted(run.glob("eval-*.json"), key=_written_at))
+    checkpoint = str(run / "checkpoints" / "checkpoint_0")
+    final = {k: v for k, v in summary.items() if k.startswith("eval/")}
+    assert first == {"checkpoint": checkpoint, "step": 20, **final}
+    assert second["step"] == 20 and second["eval/loss"] != first["eval/loss"]
+    assert metrics(run) == summary and {p: p.read_bytes() for p in written} == written
+    assert f"Evaluated {checkpoint} (step 20): eval/loss" in (run / "run.log").read_text()
 
 
 def test_mnist_ddp_with_fp16_scales_its_loss_and_says_what_it_costs_on_the_cpu(tmp_path):
@@ -144,6 +164,17 @@ def test_mnist_fsdp_checkpoints_are_sharded_and_resume_exactly(tmp_path):
     assert all(torch.equal(expected[k], got[k]) for k in expected)  # bit-identical to the uninterrupted run
     plain = MnistCNN()
     load_checkpoint_in_model(plain, full / "model", strict=True)  # the gathered model is a plain one
+
+    # runner eval of the sharded checkpoint: on the run's 2 processes its own final eval exactly, on 1 the same
+    # up to the order of the loss's sum.
+    for extra in ([], ["trainer.num_processes=1"]):
+        evaluated = run_cli("eval", str(full), *extra, cwd=tmp_path)
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    two, one = (json.loads(path.read_text()) for path in sorted(full.glob("eval-*.json"), key=_written_at))
+    final = {k: v for k, v in metrics(full).items() if k.startswith("eval/")}
+    assert {k: two[k] for k in final} == final and two["step"] == one["step"] == 6
+    assert one["eval/accuracy"] == final["eval/accuracy"]
+    assert math.isclose(one["eval/loss"], final["eval/loss"], rel_tol=1e-6)
 
 
 def test_typo_in_a_key_exits_2_with_one_sentence_and_creates_nothing(tmp_path):

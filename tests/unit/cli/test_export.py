@@ -149,9 +149,14 @@ def test_only_a_transformers_class_named_by_its_top_level_name_is_ever_built():
         assert _transformers_class(target) is None, target
 
 
-def test_runner_export_is_a_command_of_its_own():
+def test_runner_export_and_eval_are_commands_of_their_own():
     done = subprocess.run(
         [sys.executable, "-m", "runner", "export", "--help"], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and done.stdout.startswith("usage: runner export [-h] --to TO")
     assert "--dtype {bf16,fp16,fp32}" in done.stdout
+    done = subprocess.run(
+        [sys.executable, "-m", "runner", "eval", "--help"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.startswith("usage: runner eval RUN_OR_CHECKPOINT [key=value ...]")
+    assert "``runner eval FOLDER [overrides]`` as the command it stands for" in done.stdout
