@@ -105,6 +105,13 @@ def test_shakespeare_hf_learns_and_leaves_a_hugging_face_model(request, run_name
     assert (exported / "model.safetensors").read_bytes() == (run / "model" / "model.safetensors").read_bytes()
     for name in ("config.json", "generation_config.json"):  # copied from the run's final model folder
         assert (exported / name).read_text() == (run / "model" / name).read_text()
+    if run_name == "two_processes":  # runner eval after DDP, on its 2 processes: the run's own final eval exactly
+        evaluated = run_cli("eval", str(run), cwd=run.parent)
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        (record,) = [json.loads(path.read_text()) for path in run.glob("eval-*.json")]
+        assert {key: record[key] for key in ("step", "eval/loss", "eval/perplexity")} == {
+            key: summary[key] for key in ("step", "eval/loss", "eval/perplexity")
+        }
 
 
 def test_generate_samples_a_hugging_face_run_as_its_own_generate_does(one_process):
