@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import difflib
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,10 @@ def _settings(pairs: list[str]) -> tuple[dict[str, Any], bool]:
 
 
 def _value(key: str, value: str) -> Any:
-    if key in ("prompt", "device"):
-        return value.encode().decode("unicode_escape") if key == "prompt" else value  # prompt="\n" is a newline
+    if key == "prompt":  # \n, \t and \\ as typed in a shell: prompt="ROMEO:\n" ends with a newline
+        return re.sub(r"\\([nt\\])", lambda match: {"n": "\n", "t": "\t", "\\": "\\"}[match.group(1)], value)
+    if key == "device":
+        return value
     if key == "top_k" and value.lower() in ("null", "none", ""):
         return None
     kind = float if key == "temperature" else int
@@ -102,6 +105,12 @@ def generate(
     from runner.config import ConfigError
     from runner.engine.manifest import CheckpointError
 
+    try:
+        torch_device = torch.device(device)
+    except RuntimeError:
+        raise GenerateError(f"device={device} is not a device; give device=cpu or device=cuda.") from None
+    if torch_device.type == "cuda" and not torch.cuda.is_available():
+        raise GenerateError(f"device={device}: no GPU is visible to this process; give device=cpu.")
     try:
         cfg, weights = _run(folder, trust=trust)
     except (CheckpointError, ConfigError) as error:

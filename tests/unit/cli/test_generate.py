@@ -13,6 +13,7 @@ def test_settings_are_key_value_pairs_with_defaults_and_prompt_escapes():
                                    "trust_resume=true"])  # fmt: skip
     assert settings == {**SETTINGS, "prompt": "ROMEO:\n", "max_new_tokens": 5, "temperature": 0.5, "top_k": None}
     assert trusted and _settings(["top_k=40"])[0]["top_k"] == 40
+    assert _settings(["prompt=café\\tau\\\\n\\n"])[0]["prompt"] == "café\tau\\n\n"  # only \n, \t, \\: not UTF-8 bytes
 
 
 @pytest.mark.parametrize(
@@ -40,3 +41,15 @@ def test_help_and_a_missing_folder(capsys):
     assert capsys.readouterr().out.startswith(USAGE + "\n\n``runner generate RUN")
     assert main([]) == 2 and main(["prompt=x"]) == 2
     assert capsys.readouterr().err == f"runner generate: error: give a run or checkpoint folder first; {USAGE}\n" * 2
+
+
+def test_a_device_that_is_not_one_or_not_here_is_one_sentence():
+    from runner.cli.generate import generate
+
+    with pytest.raises(GenerateError, match=r"^device=tpu0 is not a device; give device=cpu or device=cuda\.$"):
+        generate("unused", **{**SETTINGS, "device": "tpu0"})
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(GenerateError, match=r"^device=cuda: no GPU is visible to this process; give device=cpu\.$"):
+            generate("unused", **{**SETTINGS, "device": "cuda"})
