@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from runner.config import (
     CHAR_CORPUS,
@@ -67,20 +67,48 @@ def _one_of(key: str, value: Any, choices: tuple[str, ...]) -> None:
 def validate(cfg: DictConfig) -> None:
     """Check what the schemas' types cannot. Raises :class:`ConfigError` with one sentence.
 
-    A ``${...}`` naming a key the config does not have is one sentence too: where a check below names the
-    missing key more precisely it does, else the first value read that refers to it, else the final pass over
-    every value."""
-    from omegaconf.errors import InterpolationKeyError  # only a missing key: a resolver (hydra:) may need Hydra's run
+    A ``${...}`` that cannot be resolved (a key the config does not have, an unset environment variable) is one
+    sentence too: where a check below names the missing key more precisely it does, else the first value read
+    that refers to it, else the final pass over every value. ``${hydra:...}`` is left to Hydra's run."""
+    from omegaconf.errors import InterpolationResolutionError
 
     try:
         _validate(cfg)
-        OmegaConf.to_container(cfg, resolve=True)
-    except InterpolationKeyError as error:
-        key = getattr(error, "full_key", None) or "a key"
+        _resolve_every_value(cfg)
+    except InterpolationResolutionError as error:
+        raise _unresolved(error) from None
+
+
+def _resolve_every_value(node: DictConfig | ListConfig) -> None:
+    """Resolve each interpolated value once, leaving out those that need Hydra's run (``${hydra:...}``) where
+    there is none (``runner check``, a sweep's preflight)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf.errors import InterpolationResolutionError
+
+    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+    for key in keys:
+        child = node._get_node(key)
+        if OmegaConf.is_interpolation(node, key):
+            try:
+                node[key]
+            except InterpolationResolutionError:
+                if HydraConfig.initialized() or "${hydra:" not in str(child._value()):
+                    raise
+        elif isinstance(child, (DictConfig, ListConfig)):
+            _resolve_every_value(child)
+
+
+def _unresolved(error: Exception) -> ConfigError:
+    from omegaconf.errors import InterpolationKeyError
+
+    key = getattr(error, "full_key", None) or "a key"
+    if isinstance(error, InterpolationKeyError):
         reason = str(error).splitlines()[0].rstrip(".")
-        raise ConfigError(
+        return ConfigError(
             f"{key} cannot be resolved ({reason}); set {key} to a value, or give the config the key it refers to."
-        ) from None
+        )
+    reason = str(error).splitlines()[0].split("raised while resolving interpolation: ")[-1].strip("'\"").rstrip(".")
+    return ConfigError(f"{key} cannot be resolved ({reason}); set {key} to a value, or provide what it refers to.")
 
 
 def _validate(cfg: DictConfig) -> None:

@@ -15,11 +15,13 @@ Every error is one :class:`~runner.engine.manifest.CheckpointError` sentence nam
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from runner.engine.constants import (
     CHECKPOINTS_DIR,
@@ -102,14 +104,12 @@ def read_model_weights(source: str | Path, *, final_folder: str = "model") -> tu
     Raises:
         CheckpointError: Nothing there holds weights, or what does is damaged.
     """
-    from runner.engine.serialization import load_state_dict_files
-
     folder = Path(source).expanduser().absolute()
     for weights in (folder, folder / final_folder):
         if (weights / SAFE_WEIGHTS_NAME).is_file() or (weights / SAFE_WEIGHTS_INDEX_NAME).is_file():
             try:
-                return load_state_dict_files(weights), weights
-            except (OSError, ValueError, KeyError) as error:
+                return _read_weights_folder(weights), weights
+            except (OSError, ValueError, SafetensorError) as error:
                 raise CheckpointError(
                     f"{weights} holds weights that cannot be read ({type(error).__name__}: {error}); they are damaged, "
                     "so write them again or point at a checkpoint."
@@ -126,3 +126,25 @@ def read_model_weights(source: str | Path, *, final_folder: str = "model") -> tu
         )
     checkpoint, manifest = find_checkpoint(folder)
     return checkpoint_model_state(checkpoint, manifest), checkpoint
+
+
+def _read_weights_folder(folder: Path) -> dict[str, torch.Tensor]:
+    """``model.safetensors``, or the shards its index names: only plain ``*.safetensors`` names inside ``folder``,
+    never a pickle and never a path that leads elsewhere (the index is data from wherever the folder came from)."""
+    from runner.engine.serialization import load_safetensors
+
+    if (folder / SAFE_WEIGHTS_NAME).is_file():
+        return load_safetensors(folder / SAFE_WEIGHTS_NAME)
+    index = json.loads((folder / SAFE_WEIGHTS_INDEX_NAME).read_text())
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{SAFE_WEIGHTS_INDEX_NAME} has no weight_map")
+    state_dict: dict[str, torch.Tensor] = {}
+    for shard in dict.fromkeys(weight_map.values()):
+        if not isinstance(shard, str) or Path(shard).name != shard or not shard.endswith(".safetensors"):
+            raise ValueError(f"{SAFE_WEIGHTS_INDEX_NAME} names {shard!r}, not a .safetensors file in this folder")
+        state_dict.update(load_safetensors(folder / shard))
+    missing = set(weight_map) - set(state_dict)
+    if missing:
+        raise ValueError(f"{SAFE_WEIGHTS_INDEX_NAME} lists {sorted(missing)[0]!r}, which no shard holds")
+    return state_dict

@@ -139,6 +139,16 @@ def test_mnist_ddp_runs_two_processes_with_ddp():
             "model._target_='runner.models.MnistCNNN' does not import: runner.models has no 'MnistCNNN' (did you mean "
             "'runner.models.MnistCNN'?); fix the dotted path.",
         ),
+        (
+            ["project.project_dir=${oc.env:RUNNER_TEST_NO_SUCH_VARIABLE}"],
+            "project.project_dir cannot be resolved (Environment variable 'RUNNER_TEST_NO_SUCH_VARIABLE' not found); "
+            "set project.project_dir to a value, or provide what it refers to.",
+        ),
+        (
+            ["+loss.weight=[1.0,${nosuch}]"],
+            "loss.weight[1] cannot be resolved (Interpolation key 'nosuch' not found); set loss.weight[1] to a value, "
+            "or give the config the key it refers to.",
+        ),
     ],
 )
 def test_bad_overrides_get_one_sentence_naming_the_key(overrides, message):
@@ -180,6 +190,13 @@ def test_sweeps_are_checked_with_their_first_value():
     check_overrides(["optimizer.lr=1e-3,3e-3", f"data.root={MNIST}", 'data.train_split="test[:100]"'])
     with pytest.raises(ConfigError, match="did you mean 'optimizer.lr'"):
         check_overrides(["optimizer.lrr=1e-3,3e-3"])
+
+
+def test_values_that_need_hydras_run_are_left_to_it_before_launch():
+    overrides = ["project.project_dir=${hydra:runtime.output_dir}", "+loss.label_smoothing=${oc.env:RUNNER_UNSET,0.1}"]
+    cfg = check_overrides(overrides, targets=False)
+    assert OmegaConf.to_container(cfg)["project"]["project_dir"] == "${hydra:runtime.output_dir}"
+    assert cfg.loss.label_smoothing == "0.1"
 
 
 @pytest.mark.parametrize("path", HYDRA_CONFIGS, ids=lambda p: p.stem)

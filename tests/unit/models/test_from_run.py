@@ -1,6 +1,8 @@
 """runner.models.from_run: a declared model takes the weights of a run, a checkpoint or a weights folder, or one
 sentence says why not. (A Hugging Face run fine-tuned from another, end to end: tests/e2e/test_hugging_face.py.)"""
 
+import json
+
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -64,6 +66,13 @@ def test_every_refusal_is_one_sentence(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "pickled").mkdir()
     (tmp_path / "pickled" / "pytorch_model.bin").write_bytes(b"not read")
+    (tmp_path / "truncated").mkdir()
+    (tmp_path / "truncated" / "model.safetensors").write_bytes(b"xx")
+    for name, shard in [("outside", "../tied/model.safetensors"), ("indexed_pickle", "pytorch_model.bin")]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": shard}}))
+        (tmp_path / name / "pytorch_model.bin").write_bytes(b"never unpickled")
+    damaged = "holds weights that cannot be read ({}); they are damaged, so write them again or point at a checkpoint."
     cases = [
         (tmp_path / "missing", Tied(), f"{tmp_path / 'missing'} does not exist; pass a run folder or a checkpoint "
          "folder (checkpoints/checkpoint_N)."),
@@ -79,6 +88,14 @@ def test_every_refusal_is_one_sentence(tmp_path):
          "weight, bias; unexpected: embed.weight, head.weight); point model.source at a run of this model, or "
          "build the model its weights were saved from."),
         (tmp_path / "tied", "Tied", "from_run's model is str, not a torch module; give it a model node."),
+        (tmp_path / "truncated", Tied(), f"{tmp_path / 'truncated'} " + damaged.format(
+            "SafetensorError: Error while deserializing header: header too small")),
+        (tmp_path / "outside", Tied(), f"{tmp_path / 'outside'} " + damaged.format(
+            "ValueError: model.safetensors.index.json names '../tied/model.safetensors', not a .safetensors file in "
+            "this folder")),
+        (tmp_path / "indexed_pickle", Tied(), f"{tmp_path / 'indexed_pickle'} " + damaged.format(
+            "ValueError: model.safetensors.index.json names 'pytorch_model.bin', not a .safetensors file in this "
+            "folder")),
     ]  # fmt: skip
     for source, model, sentence in cases:
         with pytest.raises(ValueError) as refused:
