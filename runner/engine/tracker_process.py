@@ -27,6 +27,7 @@ import pickle
 import signal
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -75,6 +76,7 @@ class TrackerProcess:
 
     interval = TrackerThread.interval  # seconds between batches while the run logs
     backlog = 65536  # records kept here at most: beyond, ``log`` hands them over itself
+    finish_timeout = 60.0  # seconds end_training waits for the trackers to finish before stopping the helper
 
     def __init__(self, trackers: list[GeneralTracker]) -> None:
         self._pending: collections.deque = collections.deque()  # log() appends, the sender pops: no lock
@@ -82,6 +84,7 @@ class TrackerProcess:
         self._wake = threading.Event()
         self._closed = False
         self._warned_unsendable = False
+        self._warned_unreadable = False
         self.trackers: list[GeneralTracker] = []
         if not trackers:
             self._child = None
@@ -127,11 +130,20 @@ class TrackerProcess:
         self._closed = True  # the sender stops first: the child's exit is then no news to it
         self._wake.set()
         self._sender.join()
-        if self.trackers:
-            self.request("close")
+        deadline = time.monotonic() + self.finish_timeout
+        with self._lock:
+            if self.trackers:
+                self._send_pending()
+                self._send(("close",))
+                self._receive_answer(deadline)
         self._conn.close()  # the child ends at this EOF if it has not already
-        self._child.join(timeout=60)
+        self._child.join(timeout=max(deadline - time.monotonic(), 0.1))
         if self._child.is_alive():  # a library's finish that never returns must not keep the run
+            logger.warning(
+                "The trackers did not finish within %d s (%s); their helper process was stopped, and what they had "
+                "not written yet is lost to them (metrics.json keeps every value).",
+                self.finish_timeout, ", ".join(tracker.name for tracker in self.trackers) or "none left",
+            )  # fmt: skip
             self._child.kill()
             self._child.join()
         self.trackers = []
@@ -181,6 +193,8 @@ class TrackerProcess:
             if message[0] != "records":
                 raise
             data = pickle.dumps(("records", self._portable(message[1])), protocol=pickle.HIGHEST_PROTOCOL)
+        if message[0] != "records":  # a request the child could not read would never be answered: read it here
+            pickle.loads(data)
         try:
             self._conn.send_bytes(data)
         except (OSError, ValueError):
@@ -207,9 +221,11 @@ class TrackerProcess:
             kept.append((portable, step, kwargs))
         return kept
 
-    def _receive_answer(self) -> Any:
+    def _receive_answer(self, deadline: float | None = None) -> Any:
         while True:  # the notices the child sent before its answer come first
             try:
+                if deadline is not None and not self._conn.poll(max(deadline - time.monotonic(), 0)):
+                    return None  # the caller stops the child
                 message = self._conn.recv()
             except (EOFError, OSError):
                 self._lost()
@@ -228,6 +244,16 @@ class TrackerProcess:
             self._lost()
 
     def _notice(self, message: tuple) -> None:
+        if message[0] == "unreadable":  # ("unreadable", reason): a batch of logged values the child could not load
+            if not self._warned_unreadable:
+                self._warned_unreadable = True
+                logger.warning(
+                    "Values logged with accelerator.log could not be read in the trackers' helper process (%s); that "
+                    "batch was left out, and training goes on. Log numbers, text and tensors, or keep the trackers in "
+                    "this process with tracker_process=False (the runner: trainer.tracker_process=false).",
+                    message[1],
+                )  # fmt: skip
+            return
         _, name, reason = message  # ("dropped", name, reason): a tracker raised in the child
         self.trackers = [tracker for tracker in self.trackers if tracker.name != name]
         warn_dropped(name, reason)
@@ -269,6 +295,9 @@ def _serve(conn: Connection, parents_end: Connection, trackers: list[GeneralTrac
         except (EOFError, OSError):  # the training process is gone: keep what reached us
             dispatch.call("finish")
             return
+        except Exception as error:  # values that pickled there and do not load here: only records can be
+            conn.send(("unreadable", describe(error)))
+            continue
         kind = message[0]
         if kind == "records":
             dispatch._send(message[1])

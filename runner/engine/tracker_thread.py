@@ -29,12 +29,24 @@ def plain_values(values: dict[str, Any], copy_tensors: bool = False) -> dict[str
             plain[key] = value
         elif isinstance(value, dict):
             plain[key] = plain_values(value, copy_tensors)
+        elif copy_tensors and type(value) in (list, tuple):  # a list of images, a histogram's bins
+            plain[key] = type(value)(_cpu_copies(value))
         else:
             scalar = _scalar(value)
             if scalar is None and copy_tensors and isinstance(value, torch.Tensor):
                 value = value.detach().to("cpu", copy=True)
             plain[key] = value if scalar is None else scalar
     return plain
+
+
+def _cpu_copies(items: list | tuple):
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            yield item.detach().to("cpu", copy=True)
+        elif type(item) in (list, tuple):
+            yield type(item)(_cpu_copies(item))
+        else:
+            yield item
 
 
 PLAIN_TYPES = frozenset({float, int, str})  # logged as they are: nothing to read off a tensor

@@ -20,6 +20,24 @@ from pathlib import Path
 LOCK_NAME = ".runner.lock"
 logger = logging.getLogger("runner")
 _HELD: dict[Path, int] = {}  # lock file -> how many holders in this process (the lock is re-entrant)
+_OPEN: dict[Path, int] = {}  # lock file -> the descriptor this process holds it with
+
+
+def _leave_locks_to_the_parent() -> None:
+    """In a forked child (the trackers' helper, a loader worker): the lock stays the parent's alone, so a child
+    that outlives its parent does not keep the folder locked. The descriptor is pointed at /dev/null rather
+    than closed, so the parent's file object, copied into the child, never closes a descriptor reused since."""
+    if not _OPEN:
+        return
+    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    for descriptor in _OPEN.values():
+        os.dup2(null, descriptor)
+    os.close(null)
+    _OPEN.clear()
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_leave_locks_to_the_parent)
 
 
 class FolderLocked(RuntimeError):
@@ -80,6 +98,7 @@ class RunLock:
         handle.flush()
         self._file = handle
         _HELD[key] = 1
+        _OPEN[key] = descriptor
         return self
 
     def release(self) -> None:
@@ -88,6 +107,9 @@ class RunLock:
             _HELD[key] = max(_HELD.get(key, 1) - 1, 0)
             return
         _HELD.pop(key, None)
+        if _OPEN.pop(key, None) is None:  # a forked child's copy: the lock is the parent's to release
+            self._file = None
+            return
         self._file.seek(0)
         self._file.truncate()  # an empty file: nobody to take over from
         self._file.flush()

@@ -599,17 +599,64 @@ def test_the_helper_gets_a_tensor_as_it_was_when_logged_and_a_value_it_cannot_re
     weights.mul_(10)  # after the log call: the helper still gets [1, 2]
     accelerator.log({"lock": threading.Lock(), "loss": 0.25}, step=2)
     accelerator.log({"lock": threading.Lock(), "loss": 0.125}, step=3)
+    images = [torch.ones(2), (torch.zeros(1),)]
+    accelerator.log({"images": images}, step=4)
+    images[0].add_(1)  # nested in a list: copied when logged too
+    accelerator._tracker_thread.flush()
+    accelerator.log({"bomb": Unloadable(), "loss": 1.0}, step=5)  # pickles here, cannot be loaded there
+    accelerator._tracker_thread.flush()
+    accelerator.log({"bomb": Unloadable()}, step=6)  # said once
+    accelerator._tracker_thread.flush()
+    accelerator.log({"loss": 0.0625}, step=7)
     accelerator.end_training()
     assert [entry[1:3] for entry in _journal(tmp_path / "j.jsonl") if entry[0] == "log"] == [
         [1, {"weights": ["Tensor", "cpu", [1.0, 2.0]], "loss": 0.5}],
         [2, {"loss": 0.25}],
         [3, {"loss": 0.125}],
+        [4, {"images": [["Tensor", "cpu", [1.0, 1.0]], [["Tensor", "cpu", [0.0]]]]}],
+        [7, {"loss": 0.0625}],
     ]
-    warnings = [r.getMessage() for r in caplog.records if "cannot be sent" in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records if "helper process (" in r.getMessage()]
     assert warnings == [
         "accelerator.log's value for 'lock' (a lock) cannot be sent to the trackers' helper process (TypeError: "
         "cannot pickle '_thread.lock' object); such values are left out. Log numbers, text and tensors, or keep "
-        "the trackers in this process with tracker_process=False (the runner: trainer.tracker_process=false)."
+        "the trackers in this process with tracker_process=False (the runner: trainer.tracker_process=false).",
+        "Values logged with accelerator.log could not be read in the trackers' helper process (RuntimeError: "
+        "this value cannot be rebuilt); that batch was left out, and training goes on. Log numbers, text and "
+        "tensors, or keep the trackers in this process with tracker_process=False (the runner: "
+        "trainer.tracker_process=false).",
+    ]
+
+
+def _refuse_to_load():
+    raise RuntimeError("this value cannot be rebuilt")
+
+
+class Unloadable:
+    def __reduce__(self):
+        return _refuse_to_load, ()
+
+
+class Stuck(Journal):
+    def finish(self):
+        time.sleep(3600)  # a library waiting on a server that never answers
+
+
+def test_a_tracker_that_never_finishes_is_stopped_after_the_timeout_and_the_run_ends(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(TrackerProcess, "finish_timeout", 1.0)
+    accelerator = Accelerator(
+        cpu=True, project_dir=tmp_path, log_with=[Stuck(tmp_path / "j.jsonl", "stuck")], tracker_process=True
+    )
+    accelerator.init_trackers("")
+    child = accelerator._tracker_thread._child
+    accelerator.log({"loss": 1.0}, step=0)
+    start = time.monotonic()
+    accelerator.end_training()
+    assert time.monotonic() - start < 10 and not child.is_alive() and child.exitcode == -signal.SIGKILL
+    assert [entry[0] for entry in _journal(tmp_path / "j.jsonl")] == ["start", "log"]
+    assert [r.getMessage() for r in caplog.records if "did not finish" in r.getMessage()] == [
+        "The trackers did not finish within 1 s (stuck); their helper process was stopped, and what they had not "
+        "written yet is lost to them (metrics.json keeps every value)."
     ]
 
 

@@ -1,5 +1,9 @@
 import json
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -63,3 +67,36 @@ def test_a_lock_that_is_a_hard_link_is_refused_and_its_other_name_is_left_as_it_
         "remove it."
     )
     assert yours.read_text() == "keep me"
+
+
+def test_a_forked_child_does_not_hold_the_lock_once_its_parent_is_gone(tmp_path):
+    run = tmp_path / "run"
+    script = textwrap.dedent(
+        f"""
+        import os, sys, time
+        sys.path.insert(0, {os.getcwd()!r})
+        from runner.launch.lock import RunLock, is_locked
+        lock = RunLock({str(run)!r}).acquire()
+        child = os.fork()
+        if child == 0:  # the trackers' helper or a loader worker, finishing after the run died
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1), os.dup2(null, 2)  # the test reads the parent's output up to its end
+            lock.release()  # the child's copy: the parent's lock stays held
+            open({str(tmp_path / "released")!r}, "w").close()
+            time.sleep(60)
+            os._exit(0)
+        while not os.path.exists({str(tmp_path / "released")!r}):
+            time.sleep(0.01)
+        print(child, is_locked(lock.path.parent), flush=True)
+        os._exit(0)  # the run dies without releasing
+        """
+    )
+    child, held = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    try:
+        assert held == "True"  # while the run lived
+        os.kill(int(child), 0)  # still running
+        assert not is_locked(run)
+        with RunLock(run):  # the next run takes the folder at once
+            assert is_locked(run)
+    finally:
+        os.kill(int(child), signal.SIGKILL)
