@@ -91,7 +91,8 @@ def test_a_forked_child_does_not_hold_the_lock_once_its_parent_is_gone(tmp_path)
         os._exit(0)  # the run dies without releasing
         """
     )
-    child, held = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    child, held = result.stdout.split()
     try:
         assert held == "True"  # while the run lived
         os.kill(int(child), 0)  # still running
