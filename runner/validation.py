@@ -172,6 +172,11 @@ def _validate(cfg: DictConfig) -> None:
             "evaluate_only=true evaluates a run's checkpoint; use runner eval <run folder> (or add "
             "resume=<run folder>)."
         )
+    if cfg.get("evaluate_only") and cfg.recipe in RECIPES and OmegaConf.select(cfg, "data.eval") is None:
+        raise ConfigError(
+            "runner eval evaluates the run's data.eval, which is null; name the dataset to evaluate on the command "
+            "line, e.g. 'data.eval={_target_:runner.data.MNIST,root:data,split:test}'."
+        )
     recipe_module(cfg.recipe)
     _check_loss_and_metrics(cfg)
     _check_recipe_fits(cfg)

@@ -128,6 +128,9 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
         (["generate", str(tmp_path / "missing")], 2, f"{tmp_path / 'missing'} does not exist; pass a run folder"),
         (["eval", str(not_a_checkpoint)], 2, f"resume={not_a_checkpoint} is neither a checkpoint folder"),
         (["eval"], 2, "runner eval needs a run or checkpoint folder first; usage: runner eval RUN_OR_CHECKPOINT"),
+        (["eval", str(run), "data.eval=null"], 2, "runner eval evaluates the run's data.eval, which is null; name "
+         "the dataset to evaluate on the command line, e.g. 'data.eval={_target_:runner.data.MNIST,root:data,"
+         "split:test}'."),
         ([*common, "evaluate_only=true", f"hydra.run.dir={tmp_path / 'refused_eval'}"], 2, "evaluate_only=true "
          "evaluates a run's checkpoint; use runner eval <run folder> (or add resume=<run folder>)."),
         (["export", str(run), "--to", str(run / "model")], 2, f"--to {run / 'model'} already holds files; give a new "
