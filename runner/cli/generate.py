@@ -12,7 +12,6 @@ bytes, as ``runner.data.causal_lm_blocks`` reads the text). The same seed gives 
 
 from __future__ import annotations
 
-import codecs
 import difflib
 import re
 import sys
@@ -111,6 +110,11 @@ def generate(
         raise GenerateError(f"device={device} is not a device; give device=cpu or device=cuda.") from None
     if torch_device.type == "cuda" and not torch.cuda.is_available():
         raise GenerateError(f"device={device}: no GPU is visible to this process; give device=cpu.")
+    if torch_device.type == "cuda" and (torch_device.index or 0) >= torch.cuda.device_count():
+        raise GenerateError(
+            f"device={device}: this process sees {torch.cuda.device_count()} GPU(s), numbered from 0; give "
+            "device=cuda or device=cuda:0."
+        )
     try:
         cfg, weights = _run(folder, trust=trust)
     except (CheckpointError, ConfigError) as error:
@@ -122,11 +126,14 @@ def generate(
             "generate needs recipe=language_model or a transformers causal LM (loss: model)."
         )
     writer = _Writer(out)
-    if cfg.recipe == "language_model":
-        generator = torch.Generator().manual_seed(seed)
-        _generate_gpt(cfg, weights, prompt, max_new_tokens, temperature, top_k, generator, device, writer)
-    else:
-        _generate_hugging_face(cfg, weights, prompt, max_new_tokens, temperature, top_k, seed, device, writer)
+    try:
+        if cfg.recipe == "language_model":
+            generator = torch.Generator().manual_seed(seed)
+            _generate_gpt(cfg, weights, prompt, max_new_tokens, temperature, top_k, generator, device, writer)
+        else:
+            _generate_hugging_face(cfg, weights, prompt, max_new_tokens, temperature, top_k, seed, device, writer)
+    except (CheckpointError, ConfigError) as error:  # the weights, or the model node the run's config declares
+        raise GenerateError(str(error)) from None
     writer.write("\n")
     return writer.text
 
@@ -155,14 +162,19 @@ def _generate_gpt(cfg, weights: Path, prompt, max_new_tokens, temperature, top_k
 
     from runner.components import build
     from runner.data.text import VOCAB_FILE, CharVocab
-    from runner.models import from_run
 
+    if not (weights / VOCAB_FILE).is_file():
+        raise GenerateError(
+            f"{weights} has no {VOCAB_FILE}, the characters the model reads; point at the run folder or a checkpoint "
+            "the language model recipe wrote."
+        )
     vocab = CharVocab.load(weights / VOCAB_FILE)
+    _check_not_empty(prompt)
     try:
         ids = vocab.encode(prompt).long()[None]
     except ValueError as error:
         raise GenerateError(f"prompt={prompt!r}: {error} Use the run's characters ({weights / VOCAB_FILE}).") from None
-    model = from_run(weights, build(cfg.model, key="model", vocab_size=len(vocab))).to(device).eval()
+    model = _with_weights(weights, build(cfg.model, key="model", vocab_size=len(vocab))).to(device).eval()
     ids = ids.to(device)
     writer.write(prompt)
     for _ in range(max_new_tokens):  # one token at a time: the same draws as one call, shown as they come
@@ -175,10 +187,8 @@ def _generate_hugging_face(
 ) -> None:
     import torch
     from omegaconf import OmegaConf
-    from transformers.generation.streamers import BaseStreamer
 
     from runner.components import build
-    from runner.models import from_run
 
     tokenizer_node = OmegaConf.select(cfg, "data.train.tokenizer")
     tokenizer = build(tokenizer_node, key="data.train.tokenizer") if tokenizer_node is not None else None
@@ -186,25 +196,9 @@ def _generate_hugging_face(
         ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
     else:
         ids = torch.tensor([list(prompt.encode("utf-8"))], dtype=torch.long)
-    if ids.shape[1] == 0:
-        raise GenerateError("prompt='' is empty; give the model something to continue, prompt=\\n at least.")
-    model = from_run(weights, build(cfg.model, key="model")).to(device).eval()
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    class Stream(BaseStreamer):
-        def __init__(self) -> None:
-            self.prompt_seen = False
-
-        def put(self, value: torch.Tensor) -> None:
-            if not self.prompt_seen:  # generate() hands the prompt over first
-                self.prompt_seen = True
-                return
-            tokens = value.reshape(-1).tolist()
-            writer.write(tokenizer.decode(tokens) if tokenizer is not None else decoder.decode(bytes(tokens)))
-
-        def end(self) -> None:
-            if tokenizer is None:
-                writer.write(decoder.decode(b"", final=True))
+    _check_not_empty(ids[0].tolist())
+    model = _with_weights(weights, build(cfg.model, key="model")).to(device).eval()
+    decode = (lambda tokens: tokenizer.decode(tokens)) if tokenizer is not None else _utf8
 
     writer.write(prompt)
     torch.manual_seed(seed)  # transformers' sampling draws from the global generator: seeded after the model's init
@@ -212,8 +206,62 @@ def _generate_hugging_face(
         model.generate(
             ids.to(device), attention_mask=torch.ones_like(ids).to(device), max_new_tokens=max_new_tokens,
             min_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_k=top_k or 0,
-            streamer=Stream(), pad_token_id=0,
+            streamer=_Stream(decode, writer), pad_token_id=0,
         )  # fmt: skip
+
+
+class _Stream:
+    """What ``generate()`` hands its tokens to (transformers' streamer interface: ``put``, ``end``). It decodes the
+    whole sequence sampled so far and writes what is new, so a character a tokenizer spreads over several tokens
+    (bytes, byte-level BPE, SentencePiece) is written once, whole."""
+
+    def __init__(self, decode, writer: _Writer) -> None:
+        self.decode, self.writer = decode, writer
+        self.prompt_seen, self.tokens, self.shown = False, [], ""
+
+    def put(self, value) -> None:
+        if not self.prompt_seen:  # generate() hands the prompt over first
+            self.prompt_seen = True
+            return
+        self.tokens += value.reshape(-1).tolist()
+        self._show(self.decode(self.tokens).rstrip("\ufffd"))  # an unfinished character waits for its next token
+
+    def end(self) -> None:
+        self._show(self.decode(self.tokens))
+
+    def _show(self, text: str) -> None:
+        if text.startswith(self.shown) and len(text) > len(self.shown):
+            self.writer.write(text[len(self.shown) :])
+            self.shown = text
+
+
+def _check_not_empty(prompt: str | list[int]) -> None:
+    if len(prompt) == 0:  # the text, or the ids a tokenizer made of it
+        raise GenerateError("prompt='' is empty; give the model something to continue, prompt=\\n at least.")
+
+
+def _with_weights(weights: Path, model):
+    """``model`` with the run's weights; a model they do not fit is one sentence."""
+    from runner.models import from_run
+
+    try:
+        return from_run(weights, model)
+    except ValueError as error:  # from_run's refusals are one sentence each
+        raise GenerateError(str(error)) from None
+
+
+def _utf8(tokens: list[int]) -> str:
+    """Token ids as UTF-8 bytes (how ``runner.data.causal_lm_blocks`` reads text without a tokenizer); an id
+    past 255 is not a byte and reads as U+FFFD, as an invalid byte does."""
+    pieces, run = [], bytearray()
+    for token in tokens:
+        if token < 256:
+            run.append(token)
+            continue
+        pieces.append(run.decode("utf-8", errors="replace") + "\ufffd")
+        run = bytearray()
+    pieces.append(run.decode("utf-8", errors="replace"))
+    return "".join(pieces)
 
 
 class _Writer:

@@ -4,10 +4,11 @@ import io
 import json
 import math
 import re
+import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader
 
 from runner.cli.export import main as export
@@ -96,6 +97,22 @@ def test_shakespeare_gpt_learns_samples_and_keeps_its_vocabulary(tmp_path):
         f"prompt='ROMEO€': The character '€' is not in the vocabulary of 65 characters. Use the run's characters "
         f"({run / 'model' / 'vocab.json'})."
     )
+    copy = tmp_path / "copy"  # a run's model/ without its vocabulary, then with another model's weights
+    shutil.copytree(run, copy)
+    (copy / "model" / "vocab.json").unlink()
+    save_file({"wte.weight": torch.zeros(3, 2)}, copy / "model" / "model.safetensors")
+    refusals = [
+        ({"prompt": ""}, run, "prompt='' is empty; give the model something to continue, prompt=\\n at least."),
+        ({}, copy, f"{copy / 'model'} has no vocab.json, the characters the model reads; point at the run folder or "
+         "a checkpoint the language model recipe wrote."),
+    ]  # fmt: skip
+    for changed, folder, sentence in refusals:
+        with pytest.raises(GenerateError) as refused:
+            generate(str(folder), **{**settings, **changed}, seed=1)
+        assert str(refused.value) == sentence
+    shutil.copy(run / "model" / "vocab.json", copy / "model" / "vocab.json")
+    with pytest.raises(GenerateError, match=rf"^The weights in {re.escape(str(copy / 'model'))} are not GPT's "):
+        generate(str(copy), **settings, seed=1)
 
     # runner eval: the final checkpoint's eval, exactly the run's own
     evaluated = run_cli("eval", str(run), cwd=tmp_path)

@@ -3,8 +3,9 @@ Hugging Face: tests/e2e/test_language_model.py, tests/e2e/test_hugging_face.py; 
 model: tests/e2e/test_bad_input.py.)"""
 
 import pytest
+import torch
 
-from runner.cli.generate import SETTINGS, USAGE, GenerateError, _settings, main
+from runner.cli.generate import SETTINGS, USAGE, GenerateError, _settings, _Stream, _utf8, _Writer, main
 
 
 def test_settings_are_key_value_pairs_with_defaults_and_prompt_escapes():
@@ -53,3 +54,36 @@ def test_a_device_that_is_not_one_or_not_here_is_one_sentence():
     if not torch.cuda.is_available():
         with pytest.raises(GenerateError, match=r"^device=cuda: no GPU is visible to this process; give device=cpu\.$"):
             generate("unused", **{**SETTINGS, "device": "cuda"})
+
+
+def _streamed(decode, steps: list[list[int]]) -> list[str]:
+    """What each token of ``steps`` writes, then what the end writes, after a prompt of one token."""
+    writer = _Writer(None)
+    stream = _Stream(decode, writer)
+    stream.put(torch.tensor([[7]]))  # the prompt: not written again
+    written = []
+    for tokens in [*steps, None]:
+        before = len(writer.pieces)
+        stream.put(torch.tensor(tokens)) if tokens is not None else stream.end()
+        written.append("".join(writer.pieces[before:]))
+    return written
+
+
+def test_a_character_spread_over_tokens_is_written_once_whole():
+    # UTF-8 bytes as ids (no tokenizer): 'é' is two; an id past 255 is not a byte
+    assert _streamed(_utf8, [[104], [195], [169], [300], [33]]) == ["h", "", "é", "", "\ufffd!", ""]
+    assert _streamed(_utf8, [[195]]) == ["", "\ufffd"]  # the end writes what never finished
+    # a byte-level BPE tokenizer (the tokenizers library's own), too small to have 'é' as one token
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(["to be or not to be"] * 10, trainers.BpeTrainer(
+        vocab_size=270, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))  # fmt: skip
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    ids = tokenizer("be café")["input_ids"]
+    assert tokenizer.decode(ids[-1:]) == "\ufffd"  # decoded one by one, the last byte alone is not a character
+    written = _streamed(tokenizer.decode, [[token] for token in ids])
+    assert "".join(written) == "be café" and written[-2] == "é"
