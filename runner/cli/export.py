@@ -107,7 +107,8 @@ def export(
     shutil.rmtree(staging, ignore_errors=True)
     try:
         written = save_model_files(state, staging, max_shard_size=max_shard_size)
-        written += _hugging_face_files(checkpoint, staging, state, dtype)
+        if model_index == 0:  # the run's config.json, or its model node, describe its one declared model
+            written += _hugging_face_files(checkpoint, staging, state, dtype)
         if destination.is_dir():
             destination.rmdir()  # empty, as _destination checked
         staging.rename(destination)

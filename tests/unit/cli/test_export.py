@@ -3,6 +3,7 @@ shards from 2 processes and a transformers model's config.json: tests/e2e/test_h
 input as one sentence with exit code 2 that writes nothing."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -139,6 +140,15 @@ def test_a_checkpoint_of_two_models_exports_the_one_asked_for(tmp_path, capsys):
     assert main([str(tmp_path / "state"), "--to", str(tmp_path / "third"), "--model", "2"]) == 2
     expected = f"--model 2: {tmp_path / 'state'} holds 2 models, so there is no model 2; give 0 to 1.\n"
     assert capsys.readouterr().err.endswith(expected)
+    # in a run whose final model/ has a transformers config.json: that file describes model 0 only
+    checkpoint = tmp_path / "run" / "checkpoints" / "checkpoint_0"
+    shutil.copytree(tmp_path / "state", checkpoint)
+    (tmp_path / "run" / "model").mkdir()
+    (tmp_path / "run" / "model" / "config.json").write_text('{"model_type": "gpt2"}')
+    weights = ["model.safetensors", "model.safetensors.index.json"]
+    for index, files in [("0", ["config.json", *weights]), ("1", weights)]:
+        assert main([str(checkpoint), "--to", str(tmp_path / f"model_{index}"), "--model", index]) == 0
+        assert sorted(path.name for path in (tmp_path / f"model_{index}").iterdir()) == files
 
 
 def test_only_a_transformers_class_named_by_its_top_level_name_is_ever_built():
