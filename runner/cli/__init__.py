@@ -95,7 +95,7 @@ def _eval_command(argv: list[str]) -> list[str]:
     if argv[:1] in (["-h"], ["--help"]):
         print(f"{EVAL_USAGE}\n\n{_eval_command.__doc__}")
         sys.exit(0)
-    if not argv or "=" in argv[0]:
+    if not argv or ("=" in argv[0] and not os.path.isdir(argv[0])):  # a sweep job's folder may be named lr=0.1
         print(f"runner: error: runner eval needs a run or checkpoint folder first; {EVAL_USAGE}", file=sys.stderr)
         sys.exit(USAGE_ERROR)
     from runner.overrides import hydra_value

@@ -13,6 +13,7 @@ bytes, as ``runner.data.causal_lm_blocks`` reads the text). The same seed gives 
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import sys
 from pathlib import Path
@@ -35,7 +36,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         print(f"{USAGE}\n\n{__doc__}")
         return 0
-    if not argv or "=" in argv[0]:
+    if not argv or ("=" in argv[0] and not os.path.isdir(argv[0])):  # a sweep job's folder may be named lr=0.1
         print(f"runner generate: error: give a run or checkpoint folder first; {USAGE}", file=sys.stderr)
         return USAGE_ERROR
     try:

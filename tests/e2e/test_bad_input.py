@@ -44,6 +44,7 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
         closed = unused.getsockname()[1]
     at_run = f"hydra.run.dir={run}"
 
+    swept = tmp_path / "optimizer.lr=0.1"
     cases = [
         # (arguments, exit code, what the one sentence must say)
         ([f"resume={run}", "trainer.max_step=9"], 2, "trainer.max_step is not a key of 'trainer' (did you mean "
@@ -125,10 +126,11 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
         # The verbs after training: the same rules, the same one sentence.
         (["generate", str(run), "prompt=x"], 2, f"{run} is not a language model run (recipe="),
         (["generate", str(run), "temprature=0.5"], 2, "'temprature=0.5' is not a setting (did you mean temperature?)"),
+        (["generate", str(swept)], 2, f"{swept} is not a language model run (recipe=supervised"),  # read as a folder
         (["generate", str(tmp_path / "missing")], 2, f"{tmp_path / 'missing'} does not exist; pass a run folder"),
         (["eval", str(not_a_checkpoint)], 2, f"resume={not_a_checkpoint} is neither a checkpoint folder"),
         (["eval"], 2, "runner eval needs a run or checkpoint folder first; usage: runner eval RUN_OR_CHECKPOINT"),
-        (["eval", str(run), "data.eval=null"], 2, "runner eval evaluates the run's data.eval, which is null; name "
+        (["eval", str(swept), "data.eval=null"], 2, "runner eval evaluates the run's data.eval, which is null; name "
          "the dataset to evaluate on the command line, e.g. 'data.eval={_target_:runner.data.MNIST,root:data,"
          "split:test}'."),
         ([*common, "evaluate_only=true", f"hydra.run.dir={tmp_path / 'refused_eval'}"], 2, "evaluate_only=true "
@@ -140,6 +142,7 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
     ]  # fmt: skip
     # Each is refused before a run starts: one Python process takes them all through the entry point (torch is
     # imported once), as a user's `runner` would.
+    swept.symlink_to(run)  # a sweep job's folder named by its overrides: a folder, not a setting
     no_wandb_login = {"WANDB_API_KEY": "", "NETRC": str(tmp_path / "no-netrc")}
     results = run_cli_refusals([arguments for arguments, _, _ in refusals], cwd=tmp_path, env=no_wandb_login)
     for (arguments, code, sentence), result in zip(refusals, results, strict=True):
