@@ -197,6 +197,9 @@ def _relink(cfg: DictConfig, composed: DictConfig, overridden: set[str]) -> None
         if isinstance(node, dict):
             for key, value in node.items():
                 yield from walk(value, f"{path}.{key}" if path else str(key))
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                yield from walk(value, f"{path}[{index}]")
         elif isinstance(node, str) and "${" in node:
             yield path, node
 

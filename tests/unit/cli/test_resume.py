@@ -101,15 +101,18 @@ def test_a_saved_value_taken_from_an_overridden_key_follows_it(tmp_path):
     (tmp_path / "config.yaml").write_text(  # saved resolved: data.eval.split was ${data.eval_split}
         "model: {_target_: m.M, width: 4}\nparallel: {strategy: none}\noptimizer: {lr: 0.1}\n"
         "data: {eval_split: 'test[9000:]', eval: {_target_: d.D, split: 'test[9000:]', size: 4}}\n"
+        "metrics: {acc: {_target_: a.A, splits: [all, 'test[9000:]']}}\n"
     )
     composed = OmegaConf.create(
         {
             "data": {"eval_split": "test[:10]", "eval": {"_target_": "d.D", "split": "${data.eval_split}", "size": 4}},
             "note": "${data.eval_split}",
+            "metrics": {"acc": {"_target_": "a.A", "splits": ["all", "${data.eval_split}"]}},
         }  # fmt: skip
     )
     cfg = resumed_config(tmp_path, ['data.eval_split="test[:10]"'], composed=composed)
     assert OmegaConf.to_container(cfg.data.eval, resolve=True) == {"_target_": "d.D", "split": "test[:10]", "size": 4}
+    assert cfg.metrics.acc.splits == ["all", "test[:10]"]  # in a list too
     assert "note" not in cfg  # only values the saved config has are linked again
     unchanged = resumed_config(tmp_path, ["model.width=8"], composed=composed)
     assert unchanged.data.eval.split == "test[9000:]" and unchanged.model.width == 8
