@@ -27,7 +27,7 @@ from runner.components import (
     forward,
     labels,
     predictions,
-    save_pretrained_config,
+    save_final_model,
     split_batch,
 )
 from runner.engine import Accelerator, set_seed
@@ -131,9 +131,8 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
             loop.optimizer_step(lr=optimizer.param_groups[0]["lr"])
 
     project_dir = Path(accelerator.project_dir)
-    accelerator.save_model(model, project_dir / MODEL_DIR)
+    save_final_model(accelerator, model, project_dir / MODEL_DIR)
     if accelerator.is_main_process:
-        save_pretrained_config(accelerator.unwrap_model(model), project_dir / MODEL_DIR)  # transformers: config.json
         summary = {**loop.metrics, "step": progress.step, "epoch": train_loader.iteration}
         write_metrics(project_dir / METRICS_FILE, summary)
         trackers.finish(accelerator, cfg)

@@ -7,7 +7,8 @@
   (Hugging Face style, ``model(**batch)``). ``loss`` is called as ``loss(outputs, targets)``, or is
   ``"model"`` when the model returns its own loss (``outputs.loss``, ``outputs["loss"]`` or a scalar).
   For a dict batch with a ``loss`` node, its ``labels`` entry is the targets.
-- :func:`save_pretrained_config` completes the final model's folder for a Hugging Face model, so
+- :func:`save_final_model` writes the final ``model/`` folder (a peft model's adapters in PEFT's format);
+  :func:`save_pretrained_config` completes the final model's folder for a Hugging Face model, so
   ``from_pretrained`` loads it.
 """
 
@@ -279,6 +280,27 @@ def _describe(value: Any) -> str:
 
 
 # ----------------------------------------------------------------------------------------- final model
+def save_final_model(accelerator, model, directory: str | os.PathLike) -> None:
+    """The run's final ``model/`` folder (every process calls it: under FSDP the weights are gathered).
+
+    A model wrapped with ``peft`` adapters (:func:`runner.models.with_peft`) is saved as its adapters in PEFT's
+    format; any other as its whole weights, with ``config.json`` for a transformers model
+    (:func:`save_pretrained_config`).
+    """
+    from runner.models.adapters import is_peft, save_adapter
+
+    unwrapped = accelerator.unwrap_model(model)
+    if is_peft(unwrapped):
+        state_dict = accelerator.get_state_dict(model)
+        if accelerator.is_main_process:
+            save_adapter(unwrapped, state_dict, directory)
+        accelerator.wait_for_everyone()
+        return
+    accelerator.save_model(model, directory)
+    if accelerator.is_main_process:
+        save_pretrained_config(unwrapped, directory)
+
+
 def save_pretrained_config(model, directory: str | os.PathLike) -> list[Path]:
     """Write ``config.json`` (and ``generation_config.json`` when the model can generate) of a transformers
     model into ``directory``, beside the weights ``save_model`` wrote there; returns the files written.

@@ -185,6 +185,9 @@ def _check_keywords(target: Any, node: dict, *, key: str, path: str) -> None:
         raise ConfigError(f"{_join(key, name)} is not a parameter of {path}; {takes}{hint}.")
 
 
+_EXTRAS = {"transformers": "hf", "datasets": "hf", "peft": "peft", "torchvision": "vision"}  # pyproject's extras
+
+
 def _import_longest_prefix(parts: list[str], *, key: str, path: str) -> tuple[ModuleType, int]:
     """Import ``parts[:1]``, ``parts[:2]``, ...; return the last that is a module, and how many parts it spans."""
     module = None
@@ -195,6 +198,11 @@ def _import_longest_prefix(parts: list[str], *, key: str, path: str) -> tuple[Mo
         except ModuleNotFoundError as error:
             if error.name != name:  # the module exists, but something it imports does not
                 raise _broken_import(error, module=name, key=key, path=path) from error
+            if module is None and name in _EXTRAS:  # a package of one of our extras
+                raise ConfigError(
+                    f"{key}={path!r} does not import: {name} is not installed; install it with pip install -e "
+                    f'".[{_EXTRAS[name]}]" (or pip install {name}).'
+                ) from None
             if module is None:
                 raise ConfigError(
                     f"{key}={path!r} does not import: there is no module named {name!r}; fix the dotted path, "

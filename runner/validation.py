@@ -81,13 +81,16 @@ def validate(cfg: DictConfig) -> None:
 
 def _resolve_every_value(node: DictConfig | ListConfig) -> None:
     """Resolve each interpolated value once, leaving out those that need Hydra's run (``${hydra:...}``) where
-    there is none (``runner check``, a sweep's preflight)."""
+    there is none (``runner check``, a sweep's preflight); a value left ``???`` is one sentence."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf.errors import InterpolationResolutionError
 
     keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
     for key in keys:
         child = node._get_node(key)
+        if OmegaConf.is_missing(node, key):  # ??? that nothing filled: the preset asks the command line for it
+            name = node._get_full_key(key)
+            raise ConfigError(f"{name} has no value (the config says ???); give it one on the command line: {name}=...")
         if OmegaConf.is_interpolation(node, key):
             try:
                 node[key]

@@ -13,6 +13,11 @@ names a transformers config class.
 Nothing in the checkpoint runs: tensors are read with safetensors, DCP's metadata with an unpickler that
 builds only DCP's own classes, and the only class built from the run's config is a transformers config class
 (checked to be one). DIR must be new or empty; it is written under a temporary name and renamed into place.
+
+``--merge-lora``: for a run whose model is ``runner.models.with_peft`` (LoRA adapters on a base model), the
+model is rebuilt from the run's config (so resume's trust rules hold: ``--trust-resume`` for a run someone else
+wrote), takes the checkpoint's weights, and its adapters are merged into the base layers: DIR holds the base
+model's own names and shapes, and ``from_pretrained(DIR)`` gives the fine-tuned model without peft.
 """
 
 from __future__ import annotations
@@ -53,12 +58,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="cast the floating-point weights (default: as saved)")
     parser.add_argument("--max-shard-size", default="10GB", help="split into shards past this size (default 10GB)")
     parser.add_argument("--model", type=int, default=0, help="which prepared model, for a checkpoint of several")
+    parser.add_argument(
+        "--merge-lora", action="store_true",
+        help="a run of runner.models.with_peft: the base weights with the adapters merged in (the run's model node is "
+        "built, under resume's trust rules)",
+    )  # fmt: skip
+    parser.add_argument("--trust-resume", action="store_true", help="with --merge-lora: a run someone else wrote")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         summary = export(
-            args.folder, args.to, dtype=args.dtype, max_shard_size=args.max_shard_size, model_index=args.model
-        )
+            args.folder, args.to, dtype=args.dtype, max_shard_size=args.max_shard_size, model_index=args.model,
+            merge_lora=args.merge_lora, trust=args.trust_resume,
+        )  # fmt: skip
     except ExportError as error:
         print(f"runner export: error: {error}", file=sys.stderr)
         return USAGE_ERROR
@@ -73,6 +85,8 @@ def export(
     dtype: str | None = None,
     max_shard_size: int | str = "10GB",
     model_index: int = 0,
+    merge_lora: bool = False,
+    trust: bool = False,
 ) -> str:
     """Export the model of the checkpoint ``folder`` names into the new folder ``to``; returns what was written.
 
@@ -100,6 +114,10 @@ def export(
         state = checkpoint_model_state(checkpoint, manifest, model_index)
     except CheckpointError as error:
         raise ExportError(f"--model {model_index}: {error}" if model_index else str(error)) from None
+    merged = None
+    if merge_lora:
+        merged = _merged_model(checkpoint, state, folder, trust)
+        state = merged.state_dict()
     if dtype is not None:
         target = getattr(torch, DTYPES[dtype])
         state = {name: t.to(target) if t.is_floating_point() else t for name, t in state.items()}
@@ -107,7 +125,9 @@ def export(
     shutil.rmtree(staging, ignore_errors=True)
     try:
         written = save_model_files(state, staging, max_shard_size=max_shard_size)
-        if model_index == 0:  # the run's config.json, or its model node, describe its one declared model
+        if merged is not None:
+            written += _merged_config(merged, staging, dtype)
+        elif model_index == 0:  # the run's config.json, or its model node, describe its one declared model
             written += _hugging_face_files(checkpoint, staging, state, dtype)
         if destination.is_dir():
             destination.rmdir()  # empty, as _destination checked
@@ -123,6 +143,57 @@ def export(
         f"Exported {checkpoint}{'' if step is None else f' (step {step})'} to {destination}: {', '.join(files)} "
         f"({len(state)} tensors, {'/'.join(dtypes)}, {_size(size)})."
     )
+
+
+def _merged_model(checkpoint: Path, state: dict[str, Any], folder, trust: bool):
+    """The run's ``runner.models.with_peft`` model with the checkpoint's weights, its adapters merged into the base
+    layers (``merge_and_unload``). The base model node is built as the run declared it; a ``from_run`` around it
+    is not followed (the checkpoint holds every weight)."""
+    from omegaconf import OmegaConf
+
+    from runner.components import build
+    from runner.config import ConfigError
+    from runner.layout import CONFIG_FILE
+    from runner.models.adapters import with_peft
+    from runner.provenance import check_resumable
+
+    if not (checkpoint / CONFIG_FILE).is_file():
+        raise ExportError(
+            f"--merge-lora: {checkpoint} has no {CONFIG_FILE}, so its model cannot be rebuilt; export it without "
+            "--merge-lora."
+        )
+    node = OmegaConf.load(checkpoint / CONFIG_FILE).get("model")
+    target = OmegaConf.select(node, "_target_") if OmegaConf.is_dict(node) else None
+    if target != "runner.models.with_peft":
+        raise ExportError(
+            f"--merge-lora: the model of {folder} is {target}, not runner.models.with_peft, so it has no adapters to "
+            "merge; export it without --merge-lora."
+        )
+    try:
+        check_resumable(
+            checkpoint, path=str(folder), overrides=["trust_resume=true"] if trust else [], search_path=[],
+            command="export",
+        )  # fmt: skip
+        base = node.model
+        if OmegaConf.select(base, "_target_") == "runner.models.from_run":
+            base = base.model
+        model = with_peft(build(base, key="model.model"), build(node.config, key="model.config"))
+        model.load_state_dict(state, strict=True)
+    except (ConfigError, ValueError, RuntimeError) as error:  # a refusal, or weights of another model
+        raise ExportError(f"--merge-lora: {str(error).splitlines()[0]}") from None
+    return model.merge_and_unload()
+
+
+def _merged_config(model, to: Path, dtype: str | None) -> list[Path]:
+    """config.json (and generation_config.json) of a merged transformers model; [] for any other."""
+    from runner.components import save_pretrained_config
+
+    written = save_pretrained_config(model, to)
+    if written and dtype is not None:
+        config = json.loads(written[0].read_text())
+        config["dtype"] = DTYPES[dtype]
+        written[0].write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return written
 
 
 def _size(size: int) -> str:

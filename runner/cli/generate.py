@@ -27,6 +27,9 @@ USAGE = (
 )
 
 
+_WRAPPERS = ("runner.models.with_peft", "runner.models.from_run")
+
+
 class GenerateError(Exception):
     """One sentence: what is wrong with the command line or the run, and what to do."""
 
@@ -101,6 +104,7 @@ def generate(
         GenerateError: One sentence: the folder, a setting, or a prompt the model cannot read.
     """
     import torch
+    from omegaconf import OmegaConf
 
     from runner.config import ConfigError
     from runner.engine.manifest import CheckpointError
@@ -120,7 +124,10 @@ def generate(
         cfg, weights = _run(folder, trust=trust)
     except (CheckpointError, ConfigError) as error:
         raise GenerateError(str(error)) from None
-    hugging_face = str(cfg.model.get("_target_", "")).startswith("transformers.") and cfg.get("loss") == "model"
+    base = cfg.model
+    while OmegaConf.select(base, "_target_") in _WRAPPERS:  # adapters on it, or weights from another run
+        base = base.model
+    hugging_face = str(base.get("_target_", "")).startswith("transformers.") and cfg.get("loss") == "model"
     if cfg.recipe != "language_model" and not hugging_face:
         raise GenerateError(
             f"{folder} is not a language model run (recipe={cfg.recipe}, model {cfg.model.get('_target_')}); "

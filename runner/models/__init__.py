@@ -1,7 +1,8 @@
 """Small reference models: plain ``nn.Module``s that know nothing about how they are parallelised."""
 
+from runner.models.adapters import with_peft
 from runner.models.cnn import MnistCNN
 from runner.models.gpt import GPT
 from runner.models.run_weights import from_run
 
-__all__ = ["GPT", "MnistCNN", "from_run"]
+__all__ = ["GPT", "MnistCNN", "from_run", "with_peft"]

@@ -137,6 +137,9 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
          "evaluates a run's checkpoint; use runner eval <run folder> (or add resume=<run folder>)."),
         (["export", str(run), "--to", str(run / "model")], 2, f"--to {run / 'model'} already holds files; give a new "
          "or empty folder (nothing was written)."),
+        (["export", str(run), "--to", str(tmp_path / "exported"), "--merge-lora"], 2, f"--merge-lora: the model of "
+         f"{run} is runner.models.MnistCNN, not runner.models.with_peft, so it has no adapters to merge; export it "
+         "without --merge-lora."),
         (["export", str(corrupted / "checkpoints" / "checkpoint_1"), "--to", str(tmp_path / "exported")], 2,
          "optimizer.bin does not match its xxh3_128 digest in the manifest"),
     ]  # fmt: skip

@@ -213,3 +213,113 @@ def test_resumed_run_matches_an_uninterrupted_one_bit_for_bit(tmp_path, one_proc
     assert expected.keys() == got.keys() and [k for k in expected if not torch.equal(expected[k], got[k])] == []
     assert metrics(cut) == metrics(one_process)  # eval loss and perplexity, the logged train loss, step
     assert (cut / "model" / "config.json").read_text() == (one_process / "model" / "config.json").read_text()
+
+
+# ------------------------------------------------------------------------------------------- LoRA fine-tuning
+LORA_PARALLEL = {
+    "one_process": (),
+    "ddp": ("trainer.num_processes=2", "parallel=ddp"),
+    "fsdp": ("trainer.num_processes=2", "parallel=fsdp", "parallel.shard_modules=[GPT2Block]"),
+}
+
+
+def lora_args(base, *extra: str) -> list[str]:
+    """experiment=shakespeare_hf_lora on ``base`` (a run of the tiny model), its adapters learning fast."""
+    args = [arg for arg in hf_args() if not arg.startswith(("experiment=", "model.config."))]
+    return [
+        "experiment=shakespeare_hf_lora", *args, f"model.model.source={base}", "optimizer.lr=1e-2",
+        *(f"model.model.model.config.{key}={value}" for key, value in TINY.items()), *extra,
+    ]  # fmt: skip
+
+
+def lora_train(folder, base, *extra: str):
+    done = run_cli(*lora_args(base, *extra), f"hydra.run.dir={folder}", cwd=folder.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
+def peft_model_of(lora_run, base_run):
+    """The base run's model from_pretrained, with the LoRA run's adapters loaded by peft itself."""
+    peft = pytest.importorskip("peft")
+    base = transformers.AutoModelForCausalLM.from_pretrained(base_run / "model")
+    return peft.PeftModel.from_pretrained(base, lora_run / "model").eval()
+
+
+@pytest.mark.parametrize("parallel", sorted(LORA_PARALLEL))
+def test_lora_trains_only_its_adapters_and_resumes_bit_for_bit(tmp_path, one_process, parallel):
+    pytest.importorskip("peft")
+    extra = LORA_PARALLEL[parallel]
+    whole = lora_train(tmp_path / "whole", one_process, "trainer.max_steps=30", *extra)
+    cut = lora_train(tmp_path / "cut", one_process, "trainer.max_steps=20", *extra)
+    resumed = run_cli(f"resume={cut}", "trainer.max_steps=30", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resumed at step 20" in (cut / "run.log").read_text()
+    # 20 + 10 steps == 30: the adapters bit for bit, the metrics exactly
+    expected, got = (load_file(run / "model" / "adapter_model.safetensors") for run in (whole, cut))
+    assert expected.keys() == got.keys() and [k for k in expected if not torch.equal(expected[k], got[k])] == []
+    assert metrics(cut) == metrics(whole)
+    summary = metrics(whole)
+    assert summary["step"] == 30 and summary["eval/loss"] < metrics(one_process)["eval/loss"], summary
+
+    # The final model/ is PEFT's format: peft loads it on the base run's model, and gives the run's own eval
+    assert sorted(p.name for p in (whole / "model").iterdir()) == [
+        "README.md", "adapter_config.json", "adapter_model.safetensors"
+    ]  # fmt: skip
+    model = peft_model_of(whole, one_process)
+    inputs = eval_inputs()
+    with torch.no_grad():
+        outputs = model(input_ids=inputs, labels=inputs)
+    assert outputs.loss.item() == pytest.approx(summary["eval/loss"], abs=1e-5)
+    # Only the adapters trained: the base weights in the last checkpoint are the base run's, bit for bit
+    from runner.engine.model_weights import read_model_weights
+
+    state, _ = read_model_weights(whole)
+    base = load_file(one_process / "model" / "model.safetensors")
+    named = {key.removeprefix("base_model.model.").replace(".base_layer.", "."): key for key in state}
+    adapters = sorted(key for key in state if ".lora_" in key)
+    assert sorted(set(named) - set(base) - {"lm_head.weight"}) == sorted(
+        key.removeprefix("base_model.model.") for key in adapters
+    )  # every other name is a base weight
+    assert [key for key in base if not torch.equal(state[named[key]], base[key])] == []
+    r, layers, width = 8, TINY["n_layer"], TINY["n_embd"]
+    per_layer = r * (width + 3 * width) + r * (width + width) + r * (4 * width + width)  # c_attn, attn/mlp c_proj
+    assert sum(state[key].numel() for key in adapters) == layers * per_layer
+    log = (whole / "run.log").read_text()
+    assert f"LORA adapters on GPT2LMHeadModel: {layers * per_layer:,} of " in log
+    if parallel != "one_process":
+        return
+
+    # runner export --merge-lora: the base model's own names, and the fine-tuned model's logits without peft
+    merged_dir = tmp_path / "merged"
+    assert export([str(whole), "--to", str(merged_dir), "--merge-lora"]) == 0
+    merged = transformers.AutoModelForCausalLM.from_pretrained(merged_dir).eval()
+    assert set(load_file(merged_dir / "model.safetensors")) == set(base)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=inputs[:16]).logits, outputs.logits[:16], rtol=0, atol=1e-5)
+    # runner eval of the LoRA run: its model rebuilt (adapters on the base run's model), its final eval exactly
+    evaluated = run_cli("eval", str(whole), cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    (record,) = [json.loads(path.read_text()) for path in whole.glob("eval-*.json")]
+    assert {key: record[key] for key in summary if key != "train/loss" and key != "epoch"} == {
+        key: summary[key] for key in summary if key != "train/loss" and key != "epoch"
+    }
+    # runner generate from the LoRA run: its adapters on the base model, the same text for a seed
+    settings = {"prompt": "KING:", "max_new_tokens": 12, "temperature": 0.9, "top_k": 40}
+    first = generate(str(whole), **settings, seed=3)
+    assert first.startswith("KING:") and generate(str(whole), **settings, seed=3) == first
+    assert generate(str(merged_dir.parent / "whole"), **settings, seed=4) != first
+
+
+def test_a_lora_target_that_is_not_in_the_model_is_one_sentence_before_launch(one_process):
+    pytest.importorskip("peft")
+    from runner.cli.check import check_overrides
+    from runner.config import ConfigError, register_configs
+
+    register_configs()
+    overrides = lora_args(one_process, "model.config.target_modules=[c_atn,c_proj]")
+    with pytest.raises(ConfigError) as refused:
+        check_overrides(overrides)
+    assert str(refused.value).endswith(
+        "failed: The target module 'c_atn' is not in GPT2LMHeadModel (did you mean 'c_attn'?); set target_modules "
+        "to names of its layers: c_attn, c_fc, c_proj, lm_head, wpe, wte."
+    )

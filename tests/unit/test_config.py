@@ -37,8 +37,18 @@ def test_conf_has_every_group_of_the_contract():
 FAMILIES = {
     "runner.models.GPT": {"recipe": "language_model", "model": "gpt", "data": "shakespeare_char"},
     "transformers.GPT2LMHeadModel": {"model": "gpt2_hf", "data": "shakespeare_hf"},
+    "runner.models.with_peft": {
+        "model": "gpt2_hf_lora",
+        "data": "shakespeare_hf",
+        "model.model.source": "/a/run",
+        "data.train.block_size": "${model.model.model.config.n_positions}",
+    },
 }
-EXPERIMENT_MODELS = {"shakespeare_gpt": "runner.models.GPT", "shakespeare_hf": "transformers.GPT2LMHeadModel"}
+EXPERIMENT_MODELS = {
+    "shakespeare_gpt": "runner.models.GPT",
+    "shakespeare_hf_lora": "runner.models.with_peft",
+    "shakespeare_hf": "transformers.GPT2LMHeadModel",
+}
 
 
 @pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS)
@@ -47,9 +57,11 @@ def test_every_yaml_composes_and_validates(group, option, monkeypatch):
     expected, overrides = "runner.models.MnistCNN", []
     if group == "experiment":
         expected = next((model for name, model in EXPERIMENT_MODELS.items() if option.startswith(name)), expected)
+        overrides = ["model.model.source=/a/run"] if option.endswith("_lora") else []  # the run it fine-tunes
     for model, family in FAMILIES.items():
         if family.get(group) == option:
             expected, overrides = model, [f"{key}={value}" for key, value in family.items() if key != group]
+            break  # data=shakespeare_hf: with gpt2_hf, the first of its families
     cfg = composed(*overrides, f"{group}={option}")
     validate(cfg)
     assert OmegaConf.select(cfg, "model._target_") == expected
@@ -143,6 +155,11 @@ def test_mnist_ddp_runs_two_processes_with_ddp():
             ["project.project_dir=${oc.env:RUNNER_TEST_NO_SUCH_VARIABLE}"],
             "project.project_dir cannot be resolved (Environment variable 'RUNNER_TEST_NO_SUCH_VARIABLE' not found); "
             "set project.project_dir to a value, or provide what it refers to.",
+        ),
+        (
+            ["experiment=shakespeare_hf_lora"],
+            "model.model.source has no value (the config says ???); give it one on the command line: "
+            "model.model.source=...",
         ),
         (
             ["+loss.weight=[1.0,${nosuch}]"],

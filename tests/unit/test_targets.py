@@ -162,6 +162,14 @@ def test_a_missing_module_says_how_to_make_it_importable(mylab):
     )
 
 
+def test_a_package_of_an_extra_that_is_not_installed_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)  # as if not installed: importing it fails
+    assert message({"model": {"_target_": "runner.models.with_peft", "config": {"_target_": "peft.LoraConfig"}}}) == (
+        "model.config._target_='peft.LoraConfig' does not import: peft is not installed; install it with pip "
+        'install -e ".[peft]" (or pip install peft).'
+    )
+
+
 def test_a_module_that_raises_on_import_is_reported_with_the_exception(mylab):
     text = message({"model": {"_target_": "mylab.broken.Net"}})
     assert text.startswith(
