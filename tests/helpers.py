@@ -37,6 +37,28 @@ class SampleCount:
         self.count = 0
 
 
+class StatefulRange(torch.utils.data.IterableDataset):
+    """range(n) as a stream that records its position (``state_dict``) and counts the samples it reads. A loaded
+    state applies to the next pass only; any other pass starts at 0, as Hugging Face's streams do."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.next, self.start, self.reads = n, 0, 0, 0
+
+    def __iter__(self):
+        start, self.start = self.start, 0
+        self.next = start
+        for index in range(start, self.n):
+            self.reads += 1
+            self.next = index + 1
+            yield index
+
+    def state_dict(self) -> dict:
+        return {"next": self.next}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.start = self.next = state["next"]
+
+
 def small_model(features: int = 8, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(features, 16), nn.Tanh(), nn.Linear(16, 1))

@@ -132,6 +132,8 @@ class PreparedDataLoader(DataLoader):
         self._skipped_this_pass = 0
         self._batches_yielded = 0
         self._pass_batches = 0  # this rank's batches in the current pass, once known
+        self._stream_state: Any = None  # a stateful stream's state after the last batch handed out
+        self._pending_stream_state: Any = None  # loaded: where the next pass's stream continues
 
     @property
     def total_batch_size(self) -> int:
@@ -180,11 +182,15 @@ class PreparedDataLoader(DataLoader):
         complete = False
         if self._skip_on_next_pass:  # loaded, not iterated yet: the position is the pending one
             state = {"epoch": self.iteration, key: self._skip_on_next_pass}
+            stream_state = self._pending_stream_state
         elif self._pass_batches and self._batches_yielded == self._pass_batches:
             state = {"epoch": self.iteration + 1, key: 0}  # complete; the generator has not returned
-            complete = True
+            complete, stream_state = True, None  # the next epoch's stream starts from its beginning
         else:
             state = {"epoch": self.iteration, key: self._position}
+            stream_state = self._stream_state if self._batches_yielded else None
+        if stream_state is not None:
+            state["dataset_state"] = stream_state
         if self._shuffler is not None:
             state["seed"] = self._shuffler.seed
         if self.shuffle is not None:
@@ -207,8 +213,28 @@ class PreparedDataLoader(DataLoader):
             )
         self.iteration = state["epoch"]
         self._skip_on_next_pass = state[self._position_key]
+        self._pending_stream_state = state.get("dataset_state") if self._skip_on_next_pass else None
         if "seed" in state and self._shuffler is not None:
             self._shuffler.seed = state["seed"]
+
+    def _take_stream_state(self, dataset: Any, skip: int, tracked: bool, *, log: bool = True) -> Any:
+        """The saved state the stream of this pass continues from, if it can (``tracked``: it records one, in
+        the main process); else None, and a pass that starts ``skip`` samples in reads past them, which is
+        said once."""
+        state, self._pending_stream_state = self._pending_stream_state, None
+        if skip and tracked and state is not None:
+            return state
+        if skip and log:
+            from runner.engine.dispatch import warn_reading_past
+
+            if tracked:
+                why = "the checkpoint holds no state of it"
+            elif callable(getattr(dataset, "state_dict", None)):
+                why = "its state is in the loader's worker processes, which do not report it"
+            else:
+                why = "it has no state_dict"
+            warn_reading_past(dataset, skip, why)
+        return None
 
     def _to_device(self, batch: Any) -> Any:
         if not self._moves_batches:
@@ -220,6 +246,7 @@ class PreparedDataLoader(DataLoader):
             self.on_epoch_start()
         skip, self._skip_on_next_pass = self._skip_on_next_pass, 0
         self._skipped_this_pass = skip
+        self._stream_state = None
         self._batches_yielded = self._pass_batches = 0
         self.end_of_dataloader = False
         self.remainder = -1

@@ -12,14 +12,23 @@ Both keep the global batches of :mod:`runner.engine.sampling`: rank ``r`` gets t
   map-style ones. Non-tensor per-sample columns (lists of strings, say) travel pickled and are
   sliced like tensors.
 
-Positions count samples as everywhere else; an iterable dataset is resumed by reading past the
-samples already seen (there is no index to jump to), so its stream must be the same in every pass
-of an epoch (seed any shuffling from ``set_epoch``).
+Positions count samples as everywhere else. A stream with ``state_dict()``/``load_state_dict()`` (a Hugging
+Face ``IterableDataset``, a torchdata node, ``runner.data.Mixture``, a class of yours) is checkpointed by its
+state as of the last batch handed out, and resumed from it without reading what was seen: the state is the
+stream's global position (one reader: every rank's stream, or rank 0's under dispatch), so a run may resume
+on another number of processes. It must be JSON (numbers, strings, lists, dicts), as the manifest records it.
+Loader workers hold their own copies of a stream, so with ``num_workers > 0`` (and for streams without state)
+a stream is resumed by reading past the samples already seen, which it says once; such a stream must be the
+same in every pass of an epoch (seed any shuffling from ``set_epoch``).
 """
 
 from __future__ import annotations
 
+import collections
+import copy
 import itertools
+import json
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -31,6 +40,34 @@ from runner.engine.data import PreparedDataLoader
 from runner.engine.sampling import ShardedBatchSampler, Sharding
 
 _END = object()
+logger = logging.getLogger("runner")
+
+
+def stateful(dataset: Any) -> bool:
+    """Whether ``dataset`` records its position itself (``state_dict`` and ``load_state_dict``)."""
+    return callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
+
+
+def snapshot(dataset: Any) -> Any:
+    """The stream's state now, as the manifest will hold it (a copy: the stream moves on)."""
+    state = dataset.state_dict()
+    try:
+        json.dumps(state)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"{type(dataset).__name__}.state_dict() returned what JSON cannot hold ({error}); a stream's state is "
+            "recorded in the checkpoint's manifest, so return numbers, strings, lists and dicts."
+        ) from None
+    return copy.deepcopy(state)
+
+
+def warn_reading_past(dataset: Any, skip: int, why: str) -> None:
+    """The one line a stream resumed by reading past ``skip`` samples gets."""
+    logger.warning(
+        "Resuming %s by reading past the %d samples already seen this epoch (%s); a stream with state_dict() and "
+        "load_state_dict() resumes at once, in its main-process loader.",
+        type(dataset).__name__, skip, why,
+    )  # fmt: skip
 
 
 class IterableDatasetShard(IterableDataset):
@@ -45,6 +82,9 @@ class IterableDatasetShard(IterableDataset):
         self.sharding = sharding
         self.skip_samples = 0
         self.remainder = -1
+        self.resume_state: Any = None  # consumed by the next pass: the stream continues from it
+        self.track_state = False  # record the stream's state after each global batch, in ``snapshots``
+        self.snapshots: collections.deque = collections.deque()
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.dataset, "set_epoch"):
@@ -55,22 +95,33 @@ class IterableDatasetShard(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         skip, self.skip_samples = self.skip_samples, 0
+        state, self.resume_state = self.resume_state, None
         self.remainder = -1
+        self.snapshots.clear()
         sharding, size = self.sharding, self.sharding.global_batch_size
         head: list[Any] = []  # the epoch's first global batch, which pads the last
+        if state is not None:  # continue from the saved state: only the head is read again, if it pads
+            if sharding.num_processes > 1 and sharding.even_batches:
+                head = list(itertools.islice(iter(self.dataset), size))
+            self.dataset.load_state_dict(state)
+            skip = size  # past the head: what follows the state is the rest of the epoch
         batch: list[Any] = []
-        for position, sample in enumerate(self.dataset):
+        for position, sample in enumerate(self.dataset, start=size if state is not None else 0):
             if position < size:
                 head.append(sample)
             if position < skip:
                 continue
             batch.append(sample)
             if len(batch) == size:
+                if self.track_state:
+                    self.snapshots.append(snapshot(self.dataset))
                 yield from sharding.rank_slice(batch)
                 batch = []
         if batch and (last := sharding.last_batch(batch, head)):
             if len(last) > len(batch):
                 self.remainder = len(batch)
+            if self.track_state:
+                self.snapshots.append(snapshot(self.dataset))
             yield from sharding.rank_slice(last)
 
 
@@ -84,12 +135,17 @@ class ShardedIterableLoader(PreparedDataLoader):
     def _pass(self, skip: int) -> Iterator[Any]:
         shard = self.dataset
         shard.set_epoch(self.iteration)
-        shard.skip_samples = skip
+        shard.track_state = stateful(shard.dataset) and self.num_workers == 0
+        state = self._take_stream_state(shard.dataset, skip, shard.track_state)
+        shard.resume_state, shard.skip_samples = state, 0 if state is not None else skip
 
         def ended() -> None:
             self.remainder = shard.remainder
 
-        yield from self._flag_last(map(self._to_device, DataLoader.__iter__(self)), ended)
+        for batch in self._flag_last(map(self._to_device, DataLoader.__iter__(self)), ended):
+            if shard.track_state:  # the state after this batch's global batch: what a save now records
+                self._stream_state = shard.snapshots.popleft()
+            yield batch
 
 
 class GlobalBatches(Sampler[list[int]]):
@@ -110,6 +166,7 @@ class _Round(NamedTuple):
     batch: Any  # the global batch, on the communication device
     remainder: int  # real samples of a padded last global batch, else -1
     next_rows: int  # rows of the next global batch, 0 after the last
+    state: Any = None  # rank 0, a stream with state: its state after this global batch
 
 
 class DispatchedDataLoader(PreparedDataLoader):
@@ -135,14 +192,20 @@ class DispatchedDataLoader(PreparedDataLoader):
 
     def _pass(self, skip: int) -> Iterator[Any]:
         sharding = self.sharding
-        if skip % sharding.global_batch_size and not self._map_style:  # raised on every rank alike
+        tracked = not self._map_style and stateful(self.dataset) and self.num_workers == 0
+        state = None
+        if not self._map_style:
+            state = self._take_stream_state(self.dataset, skip, tracked, log=sharding.process_index == 0)
+        if state is None and skip % sharding.global_batch_size and not self._map_style:  # raised on every rank alike
             raise ValueError(
                 f"This iterable loader cannot resume {skip} samples into an epoch: dispatched streams resume at "
                 f"whole global batches of {sharding.global_batch_size}; resume with the global batch size the run "
                 "was saved with."
             )
-        rounds = self._load_and_send(skip) if sharding.process_index == 0 else self._receive()
-        for batch, remainder, next_rows in rounds:
+        rounds = self._load_and_send(skip, state, tracked) if sharding.process_index == 0 else self._receive()
+        for batch, remainder, next_rows, stream_state in rounds:
+            if tracked:
+                self._stream_state = stream_state  # rank 0's, which the manifest records
             start, stop = _row_range(sharding, _rows(batch))
             if start >= stop:
                 continue  # without even_batches the last ranks may have no share of the last batch
@@ -156,16 +219,16 @@ class DispatchedDataLoader(PreparedDataLoader):
         self.end_of_dataloader = True
 
     # ------------------------------------------------------------------------------------------- rank 0
-    def _load_and_send(self, skip: int) -> Iterator[_Round]:
+    def _load_and_send(self, skip: int, state: Any, tracked: bool) -> Iterator[_Round]:
         sent = False
-        for round_ in self._global_rounds(skip):
+        for round_ in self._global_rounds(skip, state, tracked):
             _send(round_, self.comm_device)
             sent = True
             yield round_
         if not sent:
             dist.broadcast_object_list([None], src=0, device=self.comm_device)
 
-    def _global_rounds(self, skip: int) -> Iterator[_Round]:
+    def _global_rounds(self, skip: int, state: Any, tracked: bool) -> Iterator[_Round]:
         if self._map_style:
             sharded = self.batch_sampler.sharded
             sharded.set_epoch(self.iteration)
@@ -176,20 +239,26 @@ class DispatchedDataLoader(PreparedDataLoader):
                 next_rows = rows[step + 1] if step + 1 < len(rows) else 0
                 yield _Round(batch, remainder if not next_rows else -1, next_rows)
             return
-        yield from self._streamed_rounds(skip)
+        yield from self._streamed_rounds(skip, state, tracked)
 
-    def _streamed_rounds(self, skip: int) -> Iterator[_Round]:
+    def _streamed_rounds(self, skip: int, state: Any, tracked: bool) -> Iterator[_Round]:
         sharding, size = self.sharding, self.sharding.global_batch_size
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(self.iteration)
         stream = _rebatch(DataLoader.__iter__(self), size)
-        head = next(stream, _END)
+        head = next(stream, _END)  # the epoch's first global batch, which pads the last
         if head is _END:
             return
-        stream = itertools.islice(itertools.chain([head], stream), skip // size, None)
+        if state is not None:  # continue from the saved state: the head was all that was read again
+            self.dataset.load_state_dict(state)
+            stream = _rebatch(DataLoader.__iter__(self), size)
+        else:
+            stream = itertools.islice(itertools.chain([head], stream), skip // size, None)
         current = next(stream, _END)
+        current_state = snapshot(self.dataset) if tracked else None
         while current is not _END:
             upcoming = next(stream, _END)
+            upcoming_state = snapshot(self.dataset) if tracked else None
             rows, remainder = _rows(current), -1
             if rows < size and sharding.even_batches and rows % sharding.num_processes:
                 filler = _concat_rows(head, current) if _rows(head) == size else current
@@ -198,8 +267,8 @@ class DispatchedDataLoader(PreparedDataLoader):
             next_rows = 0 if upcoming is _END else _rows(upcoming)
             if next_rows < size and sharding.even_batches:
                 next_rows += -next_rows % sharding.num_processes
-            yield _Round(current, remainder, next_rows)
-            current = upcoming
+            yield _Round(current, remainder, next_rows, current_state)
+            current, current_state = upcoming, upcoming_state
 
     # ----------------------------------------------------------------------------------- other ranks
     def _receive(self) -> Iterator[_Round]:

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from runner.engine import Accelerator, DataLoaderConfiguration
-from tests.helpers import regression_data, small_model, train
+from tests.helpers import StatefulRange, regression_data, small_model, train
 
 MODES = {
     "map": ({}, False),
@@ -166,11 +166,43 @@ def _resume_stream():
         next(iter(misaligned))
     except ValueError as error:  # on every rank, so none waits for a broadcast that never comes
         result["refused"] = str(error)
+    # A stream with state: rank 0 reads it, its state rides with the position, and a resume reads on from it
+    for sharded in (False, True):
+        config = DataLoaderConfiguration(dispatch_batches=False) if sharded else None
+        accelerator = Accelerator(dataloader_config=config)
+        stream = StatefulRange(50)
+        loader = accelerator.prepare(DataLoader(stream, batch_size=4))
+        iterator = iter(loader)
+        for _ in range(3):
+            next(iterator)
+        again = StatefulRange(50)
+        resumed = accelerator.prepare(DataLoader(again, batch_size=4))
+        resumed.load_state_dict(loader.state_dict())
+        result[f"stateful {sharded}"] = (loader.state_dict(), [b.tolist() for b in resumed], again.reads)
+    # saved at sample 6 by a run of another global batch size (1 process, batches of 6): continued exactly
+    resumed = Accelerator().prepare(DataLoader(again := StatefulRange(50), batch_size=4))
+    resumed.load_state_dict({"epoch": 0, "samples_seen": 6, "dataset_state": {"next": 6}})
+    result["another world size"] = ([b.tolist() for b in resumed], again.reads)
     return result
 
 
 def test_a_dispatched_stream_resumes_at_its_position(launch):
-    for result in launch(_resume_stream):
+    ranks = launch(_resume_stream)
+    for rank, result in enumerate(ranks):
         assert result["position"] == {"epoch": 1, "samples_seen": 24}
         assert result["resumed"] == result["uninterrupted"][3:]
         assert result["refused"].startswith("This iterable loader cannot resume 6 samples into an epoch")
+        for sharded in (False, True):
+            position, rest, reads = result[f"stateful {sharded}"]
+            if sharded or rank == 0:
+                assert position == {"epoch": 0, "samples_seen": 24, "dataset_state": {"next": 24}}
+            else:  # dispatched: only rank 0 reads the stream, and the manifest records rank 0's position
+                assert position == {"epoch": 0, "samples_seen": 24}
+            assert rest == result["uninterrupted"][3:]
+            # nothing read twice: only the epoch's first global batch (8, which pads a short last one) and the rest
+            assert reads == (8 + 50 - 24 if sharded or rank == 0 else 0)
+    # saved at sample 6 by a run of another global batch size: each sample after it handed out once
+    rests = [result["another world size"][0] for result in ranks]
+    assert rests[0][0] == [6, 7, 8, 9] and rests[1][0] == [10, 11, 12, 13]
+    assert sorted(sum(rests[0] + rests[1], [])) == list(range(6, 50))
+    assert [result["another world size"][1] for result in ranks] == [8 + 50 - 6, 0]

@@ -16,6 +16,7 @@ from runner.engine.dispatch import (
 )
 from runner.engine.loaders import prepare_data_loader
 from runner.engine.optimizer import GradientAccumulationPlugin, GradientState
+from tests.helpers import StatefulRange
 
 
 class Stream(IterableDataset):
@@ -123,3 +124,67 @@ def test_collated_batches_are_sliced_joined_and_regrouped_row_by_row():
     assert regrouped[1]["x"][:, 0].tolist() == [8, 0, 2, 4]
     exact = [{"x": torch.ones(4)}]
     assert next(_rebatch(iter(exact), 4)) is exact[0]  # a full batch passes through uncopied
+
+
+def test_a_stream_with_state_resumes_from_it_without_reading_what_was_seen(tmp_path, caplog):
+    uninterrupted = [b.tolist() for b in Accelerator().prepare(DataLoader(StatefulRange(30), batch_size=4))]
+    accelerator = Accelerator(project_dir=tmp_path)
+    stream = StatefulRange(30)
+    loader = accelerator.prepare(DataLoader(stream, batch_size=4))
+    iterator = iter(loader)
+    taken = [next(iterator).tolist() for _ in range(3)]
+    # the state as of the last batch handed out, though the loader has fetched one ahead to flag the last
+    assert stream.reads == 16 and loader.state_dict() == {"epoch": 0, "samples_seen": 12, "dataset_state": {"next": 12}}
+    accelerator.save_state(tmp_path / "saved")
+    resumed_stream = StatefulRange(30)
+    resumed = Accelerator(project_dir=tmp_path)
+    resumed_loader = resumed.prepare(DataLoader(resumed_stream, batch_size=4))
+    resumed.load_state(tmp_path / "saved")
+    assert resumed_loader.state_dict()["dataset_state"] == {"next": 12}  # loaded, not iterated yet
+    rest = [b.tolist() for b in resumed_loader]
+    assert taken + rest == uninterrupted and resumed_stream.reads == 30 - 12  # nothing read twice
+    assert resumed_loader.state_dict() == {"epoch": 1, "samples_seen": 0}  # a new epoch starts the stream over
+    assert [b.tolist() for b in resumed_loader] == uninterrupted
+    assert "reading past" not in caplog.text
+
+
+def test_a_stream_resumed_without_its_state_reads_past_and_says_so_once(caplog):
+    accelerator = Accelerator()
+    position = {"epoch": 0, "samples_seen": 8}
+    for dataset, why in [(Stream(20), "it has no state_dict"), (StatefulRange(20), "the checkpoint holds no state "
+                                                                                   "of it")]:  # fmt: skip
+        caplog.clear()
+        loader = accelerator.prepare(DataLoader(dataset, batch_size=4))
+        loader.load_state_dict(position)
+        assert [b.tolist() for b in loader] == [[8, 9, 10, 11], [12, 13, 14, 15], [16, 17, 18, 19]]
+        assert [r.getMessage() for r in caplog.records if "reading past" in r.getMessage()] == [
+            f"Resuming {type(dataset).__name__} by reading past the 8 samples already seen this epoch ({why}); a "
+            "stream with state_dict() and load_state_dict() resumes at once, in its main-process loader."
+        ]
+
+
+def test_iterable_shards_resume_from_a_state_and_pad_from_the_epochs_start():
+    for world in (1, 2):  # the state is the stream's global position: any number of processes continues it
+        shards = [IterableDatasetShard(StatefulRange(21), Sharding(4, world, rank)) for rank in range(world)]
+        for shard in shards:
+            shard.resume_state = {"next": 8}
+        items = [list(shard) for shard in shards]
+        if world == 1:
+            assert items == [list(range(8, 21))]
+        else:  # the short last batch pads from the epoch's first global batch, read again: 8 reads more
+            assert items == [[8, 9, 10, 11, 16, 17, 18], [12, 13, 14, 15, 19, 20, 0]]
+            assert [shard.dataset.reads for shard in shards] == [8 + 13] * 2
+
+
+def test_a_stream_state_that_json_cannot_hold_is_one_sentence():
+    class Opaque(StatefulRange):
+        def state_dict(self):
+            return {"generator": torch.Generator()}
+
+    loader = Accelerator().prepare(DataLoader(Opaque(8), batch_size=4))
+    with pytest.raises(ValueError) as refused:
+        next(iter(loader))
+    assert str(refused.value) == (
+        "Opaque.state_dict() returned what JSON cannot hold (Object of type Generator is not JSON serializable); a "
+        "stream's state is recorded in the checkpoint's manifest, so return numbers, strings, lists and dicts."
+    )
