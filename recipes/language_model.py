@@ -10,6 +10,7 @@ which a sweep minimises.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from pathlib import Path
@@ -25,6 +26,7 @@ from runner.data.text import VOCAB_FILE, CharVocab
 from runner.engine import Accelerator, CheckpointError, set_seed
 from runner.files import write_text_atomically
 from runner.layout import METRICS_FILE, MODEL_DIR, SAMPLES_FILE
+from runner.models.run_weights import weights_from_checkpoint
 from runner.training import (
     TrainingLoop,
     TrainingProgress,
@@ -94,7 +96,8 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     set_seed(cfg.seed)
     train_set, eval_set = build_datasets(cfg.data, accelerator)
     vocab = train_set.vocab
-    model = build(cfg.model, key="model", vocab_size=len(vocab))
+    with weights_from_checkpoint() if cfg.resume else contextlib.nullcontext():  # the checkpoint has them all
+        model = build(cfg.model, key="model", vocab_size=len(vocab))
     flops_per_token = model.flops_per_token()
     logger.info("GPT with %.2fM parameters, vocabulary of %d characters", model.num_parameters() / 1e6, len(vocab))
     if cfg.trainer.compile:

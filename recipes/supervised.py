@@ -10,6 +10,7 @@ runner --config-dir ./conf experiment=mine          # your own model, datasets, 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -33,6 +34,8 @@ from runner.components import (
 from runner.engine import Accelerator, set_seed
 from runner.layout import METRICS_FILE, MODEL_DIR
 from runner.metrics import Metrics, build_metrics
+from runner.models.adapters import trainable_parameters
+from runner.models.run_weights import weights_from_checkpoint
 from runner.training import (
     TrainingLoop,
     TrainingProgress,
@@ -80,10 +83,11 @@ def evaluate(model, loader, accelerator: Accelerator, *, loss_fn, metrics: Metri
 def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     set_seed(cfg.seed)
     datasets = build_datasets(cfg.data, accelerator)
-    model = build(cfg.model, key="model")
+    with weights_from_checkpoint() if cfg.resume else contextlib.nullcontext():  # the checkpoint has them all
+        model = build(cfg.model, key="model")
     if cfg.trainer.compile:
         model.compile()  # in place, before prepare: parameter names and checkpoints stay the plain model's
-    optimizer = build_optimizer(cfg.optimizer, model.parameters())
+    optimizer = build_optimizer(cfg.optimizer, trainable_parameters(model))
     train_loader, eval_loader = build_loaders(cfg.data, seed=cfg.seed, datasets=datasets)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
     loss_fn, metrics = build_loss(cfg.loss), build_metrics(cfg.metrics, device=accelerator.device)

@@ -222,13 +222,9 @@ def every(interval: int | None, step: int) -> bool:
 
 
 def build_optimizer(optimizer_cfg: DictConfig, parameters):
-    """Instantiate a ``_partial_`` optimizer config with the model's parameters that train: a frozen base model's
-    (adapters, :func:`runner.models.with_peft`) get no optimizer state."""
+    """Instantiate a ``_partial_`` optimizer config with the model's parameters."""
     from runner.components import build, call
 
-    parameters = list(parameters)
-    if all(hasattr(p, "requires_grad") for p in parameters) and any(p.requires_grad for p in parameters):
-        parameters = [p for p in parameters if p.requires_grad]  # tensors (not parameter groups): those that train
     factory = build(optimizer_cfg, key="optimizer")
     return call(factory, parameters, key="optimizer", target=optimizer_cfg._target_)
 

@@ -72,6 +72,7 @@ def validate(cfg: DictConfig) -> None:
     that refers to it, else the final pass over every value. ``${hydra:...}`` is left to Hydra's run."""
     from omegaconf.errors import InterpolationResolutionError
 
+    _check_missing(cfg)
     try:
         _validate(cfg)
         _resolve_every_value(cfg)
@@ -79,26 +80,42 @@ def validate(cfg: DictConfig) -> None:
         raise _unresolved(error) from None
 
 
+def _check_missing(node: DictConfig | ListConfig) -> None:
+    """A value left ``???`` (a preset asks the command line for it) is one sentence, before any check reads it."""
+    keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+    for key in keys:
+        if OmegaConf.is_missing(node, key):
+            name = node._get_full_key(key)
+            raise ConfigError(f"{name} has no value (the config says ???); give it one on the command line: {name}=...")
+        child = node._get_node(key)
+        if isinstance(child, (DictConfig, ListConfig)) and not OmegaConf.is_interpolation(node, key):
+            _check_missing(child)
+
+
 def _resolve_every_value(node: DictConfig | ListConfig) -> None:
     """Resolve each interpolated value once, leaving out those that need Hydra's run (``${hydra:...}``) where
-    there is none (``runner check``, a sweep's preflight); a value left ``???`` is one sentence."""
+    there is none (``runner check``, a sweep's preflight), directly or through another key."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf.errors import InterpolationResolutionError
 
     keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
     for key in keys:
         child = node._get_node(key)
-        if OmegaConf.is_missing(node, key):  # ??? that nothing filled: the preset asks the command line for it
-            name = node._get_full_key(key)
-            raise ConfigError(f"{name} has no value (the config says ???); give it one on the command line: {name}=...")
         if OmegaConf.is_interpolation(node, key):
             try:
                 node[key]
-            except InterpolationResolutionError:
-                if HydraConfig.initialized() or "${hydra:" not in str(child._value()):
+            except InterpolationResolutionError as error:
+                if HydraConfig.initialized() or not _needs_hydra(error):
                     raise
         elif isinstance(child, (DictConfig, ListConfig)):
             _resolve_every_value(child)
+
+
+def _needs_hydra(error: Exception) -> bool:
+    """Whether resolving failed only for want of Hydra's run: its ``hydra:`` resolver is not set up, or has no
+    run to read."""
+    text = str(error)
+    return "HydraConfig was not set" in text or "Unsupported interpolation type hydra" in text
 
 
 def _unresolved(error: Exception) -> ConfigError:

@@ -168,7 +168,6 @@ def _run(folder: str, *, trust: bool):
 
 def _generate_gpt(cfg, weights: Path, prompt, max_new_tokens, temperature, top_k, generator, device, writer) -> None:
 
-    from runner.components import build
     from runner.data.text import VOCAB_FILE, CharVocab
 
     if not (weights / VOCAB_FILE).is_file():
@@ -182,7 +181,7 @@ def _generate_gpt(cfg, weights: Path, prompt, max_new_tokens, temperature, top_k
         ids = vocab.encode(prompt).long()[None]
     except ValueError as error:
         raise GenerateError(f"prompt={prompt!r}: {error} Use the run's characters ({weights / VOCAB_FILE}).") from None
-    model = _with_weights(weights, build(cfg.model, key="model", vocab_size=len(vocab))).to(device).eval()
+    model = _with_weights(weights, _built(cfg.model, vocab_size=len(vocab))).to(device).eval()
     ids = ids.to(device)
     writer.write(prompt)
     for _ in range(max_new_tokens):  # one token at a time: the same draws as one call, shown as they come
@@ -205,8 +204,14 @@ def _generate_hugging_face(
     else:
         ids = torch.tensor([list(prompt.encode("utf-8"))], dtype=torch.long)
     _check_not_empty(ids[0].tolist())
-    model = _with_weights(weights, build(cfg.model, key="model")).to(device).eval()
-    decode = (lambda tokens: tokenizer.decode(tokens)) if tokenizer is not None else _utf8
+    model = _with_weights(weights, _built(cfg.model)).to(device).eval()
+    if tokenizer is not None:  # without clean-up, decoding more tokens only adds to the text decoded before
+
+        def decode(tokens: list[int]) -> str:
+            return tokenizer.decode(tokens, clean_up_tokenization_spaces=False)
+
+    else:
+        decode = _utf8
 
     writer.write(prompt)
     torch.manual_seed(seed)  # transformers' sampling draws from the global generator: seeded after the model's init
@@ -238,7 +243,7 @@ class _Stream:
         self._show(self.decode(self.tokens))
 
     def _show(self, text: str) -> None:
-        if text.startswith(self.shown) and len(text) > len(self.shown):
+        if len(text) > len(self.shown):  # what is new; were an earlier character decoded anew, it stays as shown
             self.writer.write(text[len(self.shown) :])
             self.shown = text
 
@@ -246,6 +251,15 @@ class _Stream:
 def _check_not_empty(prompt: str | list[int]) -> None:
     if len(prompt) == 0:  # the text, or the ids a tokenizer made of it
         raise GenerateError("prompt='' is empty; give the model something to continue, prompt=\\n at least.")
+
+
+def _built(node, **given):
+    """The run's model node, built without reading what a ``from_run`` in it names: the run's weights come next."""
+    from runner.components import build
+    from runner.models.run_weights import weights_from_checkpoint
+
+    with weights_from_checkpoint():
+        return build(node, key="model", **given)
 
 
 def _with_weights(weights: Path, model):

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -134,8 +136,8 @@ def _read_weights_folder(folder: Path) -> dict[str, torch.Tensor]:
     from runner.engine.serialization import load_safetensors
 
     if (folder / SAFE_WEIGHTS_NAME).is_file():
-        return load_safetensors(folder / SAFE_WEIGHTS_NAME)
-    index = json.loads((folder / SAFE_WEIGHTS_INDEX_NAME).read_text())
+        return load_safetensors(_plain_file(folder / SAFE_WEIGHTS_NAME))
+    index = json.loads(_plain_file(folder / SAFE_WEIGHTS_INDEX_NAME).read_text())
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise ValueError(f"{SAFE_WEIGHTS_INDEX_NAME} has no weight_map")
@@ -143,8 +145,16 @@ def _read_weights_folder(folder: Path) -> dict[str, torch.Tensor]:
     for shard in dict.fromkeys(weight_map.values()):
         if not isinstance(shard, str) or Path(shard).name != shard or not shard.endswith(".safetensors"):
             raise ValueError(f"{SAFE_WEIGHTS_INDEX_NAME} names {shard!r}, not a .safetensors file in this folder")
-        state_dict.update(load_safetensors(folder / shard))
+        state_dict.update(load_safetensors(_plain_file(folder / shard)))
     missing = set(weight_map) - set(state_dict)
     if missing:
         raise ValueError(f"{SAFE_WEIGHTS_INDEX_NAME} lists {sorted(missing)[0]!r}, which no shard holds")
     return state_dict
+
+
+def _plain_file(path: Path) -> Path:
+    """``path``, if it is a regular file (or a link to one, as in Hugging Face's cache): not a pipe or a device,
+    which reading would wait on."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise ValueError(f"{path.name} is not a regular file (a pipe or a device, which reading would wait on)")
+    return path

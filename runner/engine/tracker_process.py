@@ -134,7 +134,7 @@ class TrackerProcess:
         with self._lock:
             if self.trackers:
                 self._send_pending()
-                self._send(("close",))
+                self._send(("close",), wanted=True)
                 self._receive_answer(deadline)
         self._conn.close()  # the child ends at this EOF if it has not already
         self._child.join(timeout=max(deadline - time.monotonic(), 0.1))
@@ -155,7 +155,7 @@ class TrackerProcess:
             if not self.trackers:
                 return None
             self._send_pending()
-            self._send((kind, *args, True) if kind == "call" else (kind, *args))
+            self._send((kind, *args, True) if kind == "call" else (kind, *args), wanted=True)
             return self._receive_answer()
 
     def _post(self, message: tuple) -> None:
@@ -186,17 +186,18 @@ class TrackerProcess:
             records = [self._pending.popleft() for _ in range(len(self._pending))]
             self._send(("records", records))
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: tuple, *, wanted: bool = False) -> None:
+        """``message`` to the child, as an envelope it can always open: ``(kind, wanted, pickled rest)``. What the
+        rest holds is the user's (logged values, a tracker's arguments); should the child fail to load it (a class
+        defined after the fork), it says so and still answers when an answer is ``wanted``."""
         try:
-            data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+            body = pickle.dumps(message[1:], protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:  # a value of the user's that cannot travel: leave it out, and say so once
             if message[0] != "records":
                 raise
-            data = pickle.dumps(("records", self._portable(message[1])), protocol=pickle.HIGHEST_PROTOCOL)
-        if message[0] != "records":  # a request the child could not read would never be answered: read it here
-            pickle.loads(data)
+            body = pickle.dumps((self._portable(message[1]),), protocol=pickle.HIGHEST_PROTOCOL)
         try:
-            self._conn.send_bytes(data)
+            self._conn.send_bytes(pickle.dumps((message[0], wanted, body), protocol=pickle.HIGHEST_PROTOCOL))
         except (OSError, ValueError):
             self._lost()
 
@@ -244,13 +245,13 @@ class TrackerProcess:
             self._lost()
 
     def _notice(self, message: tuple) -> None:
-        if message[0] == "unreadable":  # ("unreadable", reason): a batch of logged values the child could not load
+        if message[0] == "unreadable":  # ("unreadable", reason): values the child could not load
             if not self._warned_unreadable:
                 self._warned_unreadable = True
                 logger.warning(
-                    "Values logged with accelerator.log could not be read in the trackers' helper process (%s); that "
-                    "batch was left out, and training goes on. Log numbers, text and tensors, or keep the trackers in "
-                    "this process with tracker_process=False (the runner: trainer.tracker_process=false).",
+                    "Values sent to the trackers could not be read in their helper process (%s); they were left "
+                    "out, and training goes on. Log numbers, text and tensors, or keep the trackers in this process "
+                    "with tracker_process=False (the runner: trainer.tracker_process=false).",
                     message[1],
                 )  # fmt: skip
             return
@@ -291,14 +292,17 @@ def _serve(conn: Connection, parents_end: Connection, trackers: list[GeneralTrac
     )
     while True:
         try:
-            message = conn.recv()
+            kind, wanted, body = conn.recv()  # the envelope: a string, a flag and bytes, which always load
         except (EOFError, OSError):  # the training process is gone: keep what reached us
             dispatch.call("finish")
             return
-        except Exception as error:  # values that pickled there and do not load here: only records can be
+        try:
+            message = (kind, *pickle.loads(body))
+        except Exception as error:  # values that pickled there and do not load here (a class defined since)
             conn.send(("unreadable", describe(error)))
+            if wanted:
+                conn.send(("answer", None))
             continue
-        kind = message[0]
         if kind == "records":
             dispatch._send(message[1])
             continue

@@ -71,8 +71,10 @@ class RunLock:
 
                 raise link_error(self.path) from None
             raise
+        _OPEN[key] = descriptor  # from now: a child forked meanwhile must not keep it
         handle = os.fdopen(descriptor, "r+")  # held open for the lock's lifetime
         if os.fstat(descriptor).st_nlink > 1:  # a hard link: truncating it would empty a file elsewhere
+            _OPEN.pop(key, None)
             handle.close()
             from runner.config import ConfigError
 
@@ -84,6 +86,7 @@ class RunLock:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _describe(_read(handle))
+            _OPEN.pop(key, None)
             handle.close()
             raise FolderLocked(
                 f"{self.path.parent} is being written by another run ({holder}); wait for it to finish, or give "
@@ -98,7 +101,6 @@ class RunLock:
         handle.flush()
         self._file = handle
         _HELD[key] = 1
-        _OPEN[key] = descriptor
         return self
 
     def release(self) -> None:

@@ -128,10 +128,11 @@ def check_construction(cfg) -> None:
     from runner.components import build, build_loss
     from runner.config import RECIPES
     from runner.metrics import build_metrics
+    from runner.models.run_weights import weights_from_checkpoint
     from runner.training import build_optimizer, build_scheduler
 
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), weights_from_checkpoint("check"):  # from_run: its source exists, nothing read
             parameters = [torch.nn.Parameter(torch.empty(1))]
             if RECIPES.get(cfg.recipe) == RECIPES["supervised"] and not _reads_weights(cfg.model):
                 model = build(cfg.model, key="model")
@@ -177,10 +178,18 @@ def _check_tp_plan(cfg, model) -> None:
 
 
 def _reads_weights(node) -> bool:
-    """Whether ``node`` loads a model from files or the Hub (``AutoModelForCausalLM.from_pretrained``,
-    ``torch.hub.load``): checking it would download and read the weights once more before the workers do."""
-    name = str(OmegaConf.select(node, "_target_", default="")).rsplit(".", 1)[-1]
-    return name.startswith("from_") or name == "load"
+    """Whether ``node``, or a node inside it, loads a model from files or the Hub (``from_pretrained``,
+    ``torch.hub.load``): checking it would download and read the weights once more before the workers do.
+    ``runner.models.from_run`` reads nothing here (see :func:`runner.models.run_weights.weights_from_checkpoint`)."""
+    if OmegaConf.is_list(node):
+        return any(_reads_weights(item) for item in node)
+    if not OmegaConf.is_dict(node):
+        return False
+    target = str(node.get("_target_", ""))
+    name = target.rsplit(".", 1)[-1]
+    if target != "runner.models.from_run" and (name.startswith("from_") or name == "load"):
+        return True
+    return any(_reads_weights(node._get_node(key)) for key in node if key != "_target_")
 
 
 _META = re.compile(r"\bmeta\b", re.IGNORECASE)  # in torch's messages about meta tensors and the Meta backend

@@ -35,18 +35,25 @@ logger = logging.getLogger("runner")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
-def with_peft(model: nn.Module, config: Any) -> nn.Module:
+def with_peft(model: nn.Module, config: Any, **given) -> nn.Module:
     """``model`` with the adapters ``config`` (a ``peft.PeftConfig``, e.g. ``peft.LoraConfig``) declares; returns
-    the ``peft.PeftModel``.
+    the ``peft.PeftModel``. ``given``: what a recipe passes a model it builds (the language model's
+    ``vocab_size``): the model node must already say the same.
 
     Raises:
-        ValueError: One sentence: ``config`` is not a peft config, or names a module ``model`` does not have
-            (with the closest name it has).
+        ValueError: One sentence: ``config`` is not a peft config, names a module ``model`` does not have (with
+            the closest name it has) or one LoRA does not adapt, or peft refuses the pair.
     """
     import peft
 
     if not isinstance(model, nn.Module):
         raise ValueError(f"with_peft's model is {type(model).__name__}, not a torch module; give it a model node.")
+    for key, value in given.items():
+        if getattr(model, key, value) != value:
+            raise ValueError(
+                f"The data needs {key}={value}, and model.model builds {type(model).__name__} with "
+                f"{key}={getattr(model, key)}; set model.model.{key}={value}."
+            )
     if not isinstance(config, peft.PeftConfig):
         raise ValueError(
             f"with_peft's config is {type(config).__name__}, not a peft config; give it a node such as "
@@ -58,8 +65,13 @@ def with_peft(model: nn.Module, config: Any) -> nn.Module:
         with warnings.catch_warnings():  # peft asks transformers a question transformers has renamed
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
             wrapped = peft.get_peft_model(model, config)
-    except ValueError as error:  # peft's own checks (a layer type it cannot adapt, say): its first line
-        raise ValueError(f"peft could not wrap {type(model).__name__}: {str(error).splitlines()[0]}") from None
+    except (ValueError, AttributeError, TypeError) as error:  # peft's own checks, or a task the model is not for
+        message = " ".join(str(error).split())
+        message = message if len(message) <= 200 else message[:197] + "..."
+        raise ValueError(
+            f"peft could not wrap {type(model).__name__} with {type(config).__name__} ({type(error).__name__}: "
+            f"{message}); check model.config against the model (its task_type, its target_modules)."
+        ) from None
     if not any(parameter.is_meta for parameter in wrapped.parameters()):  # not the launcher's check
         trainable, total = wrapped.get_nb_trainable_parameters()
         logger.info(
@@ -76,6 +88,14 @@ def is_peft(model: nn.Module) -> bool:
 
     peft = sys.modules.get("peft")
     return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """What the optimizer gets: a peft model's adapters only (its frozen base has no optimizer state); any other
+    model's parameters, all of them, as before."""
+    if is_peft(model):
+        return [parameter for parameter in model.parameters() if parameter.requires_grad]
+    return list(model.parameters())
 
 
 def save_adapter(model: nn.Module, state_dict: dict, directory: str | os.PathLike) -> list[Path]:
@@ -105,11 +125,20 @@ def _check_targets(model: nn.Module, config: Any) -> None:
     targets = getattr(config, "target_modules", None)
     if targets is None or isinstance(targets, str):
         return
-    names = [name for name, _ in model.named_modules() if name]
-    last = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if name and _adaptable(module)})
+    modules = [(name, module) for name, module in model.named_modules() if name]
+    last = sorted({name.rsplit(".", 1)[-1] for name, module in modules if _adaptable(module)})
     for target in sorted(targets):
-        if target == "all-linear" or any(name == target or name.endswith(f".{target}") for name in names):
+        if target == "all-linear":
             continue
+        matches = [module for name, module in modules if name == target or name.endswith(f".{target}")]
+        if any(_adaptable(module) for module in matches):
+            continue
+        if matches:
+            raise ValueError(
+                f"The target module {target!r} of {type(model).__name__} is a {type(matches[0]).__name__}, which LoRA "
+                f"does not adapt; name its layers in target_modules instead: {', '.join(last[:12])}"
+                f"{', ...' if len(last) > 12 else ''}."
+            )
         close = difflib.get_close_matches(target, last, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(

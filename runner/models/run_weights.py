@@ -15,7 +15,11 @@ parallel shards), or a weights folder (``runner export``'s, ``save_model``'s, a 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -43,12 +47,19 @@ def from_run(source: str | os.PathLike, model: nn.Module, strict: bool = True, *
                 f"The data needs {key}={value}, and model.model builds {type(model).__name__} with "
                 f"{key}={getattr(model, key)}; set model.model.{key}={value}."
             )
+    if _READING.get() == "checkpoint":
+        return model  # a resume, or a verb after training: the checkpoint holds every weight (source may be gone)
+    if _READING.get() == "check" or any(parameter.is_meta for parameter in model.parameters()):
+        if not Path(source).expanduser().exists():  # the launcher's check, on the meta device: read nothing
+            folder = Path(source).expanduser().absolute()
+            raise ValueError(
+                f"{folder} does not exist; pass a run folder or a checkpoint folder (checkpoints/checkpoint_N)."
+            )
+        return model
     try:
         weights, folder = read_model_weights(source)
     except CheckpointError as error:
         raise ValueError(str(error)) from None
-    if any(parameter.is_meta for parameter in model.parameters()):
-        return model  # built on the meta device, to check the config: nothing to load into
     expected = dict(model.state_dict(keep_vars=True))
     tied = _tied_names(model)
     missing = [name for name in expected if name not in weights and not any(n in weights for n in tied.get(name, ()))]
@@ -76,6 +87,21 @@ def from_run(source: str | os.PathLike, model: nn.Module, strict: bool = True, *
             if name not in weights and (other := next((n for n in names if n in weights), None)) is not None:
                 expected[name].copy_(weights[other])
     return model
+
+
+_READING: contextvars.ContextVar[str | None] = contextvars.ContextVar("runner_from_run_reading", default=None)
+
+
+@contextlib.contextmanager
+def weights_from_checkpoint(reason: str = "checkpoint") -> Iterator[None]:
+    """Build model nodes without reading ``from_run``'s source: ``"checkpoint"`` when a checkpoint is loaded into
+    the model next (a resume, ``runner eval``, ``runner generate``), so a source moved since is no matter;
+    ``"check"`` for the launcher's check, which only asks that the source exists."""
+    token = _READING.set(reason)
+    try:
+        yield
+    finally:
+        _READING.reset(token)
 
 
 def _tied_names(model: nn.Module) -> dict[str, tuple[str, ...]]:

@@ -157,6 +157,11 @@ def test_mnist_ddp_runs_two_processes_with_ddp():
             "set project.project_dir to a value, or provide what it refers to.",
         ),
         (
+            ["trainer.num_processes=???"],
+            "trainer.num_processes has no value (the config says ???); give it one on "
+            "the command line: trainer.num_processes=...",
+        ),  # read by the first checks: found before them
+        (
             ["experiment=shakespeare_hf_lora"],
             "model.model.source has no value (the config says ???); give it one on the command line: "
             "model.model.source=...",
@@ -210,7 +215,8 @@ def test_sweeps_are_checked_with_their_first_value():
 
 
 def test_values_that_need_hydras_run_are_left_to_it_before_launch():
-    overrides = ["project.project_dir=${hydra:runtime.output_dir}", "+loss.label_smoothing=${oc.env:RUNNER_UNSET,0.1}"]
+    overrides = ["project.project_dir=${hydra:runtime.output_dir}", "+loss.label_smoothing=${oc.env:RUNNER_UNSET,0.1}",
+                 "+model.note=${project.project_dir}"]  # fmt: skip
     cfg = check_overrides(overrides, targets=False)
     assert OmegaConf.to_container(cfg)["project"]["project_dir"] == "${hydra:runtime.output_dir}"
     assert cfg.loss.label_smoothing == "0.1"

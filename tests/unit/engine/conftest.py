@@ -1,5 +1,7 @@
 """Fixtures of the engine's unit tests."""
 
+import gc
+
 import pytest
 import torch.distributed as dist
 
@@ -12,3 +14,7 @@ def one_process_group():
         yield
     finally:
         dist.destroy_process_group()
+        # A DeviceMesh keeps the group in reference cycles. Left to the garbage collector, the group could be
+        # destroyed in a process a later test forks from this one (a DataLoader worker), where its gloo threads
+        # were never started: the destructor aborts that worker ("std::system_error: Invalid argument").
+        gc.collect()

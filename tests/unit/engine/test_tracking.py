@@ -607,6 +607,7 @@ def test_the_helper_gets_a_tensor_as_it_was_when_logged_and_a_value_it_cannot_re
     accelerator._tracker_thread.flush()
     accelerator.log({"bomb": Unloadable()}, step=6)  # said once
     accelerator._tracker_thread.flush()
+    accelerator.get_tracker("journal").log({"bomb": Unloadable()}, step=6)  # a request: answered all the same
     accelerator.log({"loss": 0.0625}, step=7)
     accelerator.end_training()
     assert [entry[1:3] for entry in _journal(tmp_path / "j.jsonl") if entry[0] == "log"] == [
@@ -621,10 +622,9 @@ def test_the_helper_gets_a_tensor_as_it_was_when_logged_and_a_value_it_cannot_re
         "accelerator.log's value for 'lock' (a lock) cannot be sent to the trackers' helper process (TypeError: "
         "cannot pickle '_thread.lock' object); such values are left out. Log numbers, text and tensors, or keep "
         "the trackers in this process with tracker_process=False (the runner: trainer.tracker_process=false).",
-        "Values logged with accelerator.log could not be read in the trackers' helper process (RuntimeError: "
-        "this value cannot be rebuilt); that batch was left out, and training goes on. Log numbers, text and "
-        "tensors, or keep the trackers in this process with tracker_process=False (the runner: "
-        "trainer.tracker_process=false).",
+        "Values sent to the trackers could not be read in their helper process (RuntimeError: this value cannot be "
+        "rebuilt); they were left out, and training goes on. Log numbers, text and tensors, or keep the trackers in "
+        "this process with tracker_process=False (the runner: trainer.tracker_process=false).",
     ]
 
 

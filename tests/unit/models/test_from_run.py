@@ -2,6 +2,7 @@
 sentence says why not. (A Hugging Face run fine-tuned from another, end to end: tests/e2e/test_hugging_face.py.)"""
 
 import json
+import os
 
 import pytest
 import torch
@@ -36,6 +37,9 @@ def test_weights_come_from_a_weights_folder_a_finished_runs_model_or_an_unfinish
     save_model_files(source.state_dict(), tmp_path / "exported")  # the tied head stored once
     loaded = from_run(tmp_path / "exported", Tied())
     assert same(loaded, source) and loaded.head.weight is loaded.embed.weight
+    (tmp_path / "cached").mkdir()  # Hugging Face's cache: the snapshot's files are links to its blobs
+    (tmp_path / "cached" / "model.safetensors").symlink_to(tmp_path / "exported" / "model.safetensors")
+    assert same(from_run(tmp_path / "cached", Tied()), source)
 
     run = tmp_path / "run"  # an unfinished run: checkpoints only
     accelerator = Accelerator(project_config=ProjectConfiguration(str(run), automatic_checkpoint_naming=True))
@@ -72,6 +76,9 @@ def test_every_refusal_is_one_sentence(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": shard}}))
         (tmp_path / name / "pytorch_model.bin").write_bytes(b"never unpickled")
+    (tmp_path / "piped").mkdir()
+    (tmp_path / "piped" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "a.safetensors"}}))
+    os.mkfifo(tmp_path / "piped" / "a.safetensors")  # reading it would wait forever
     damaged = "holds weights that cannot be read ({}); they are damaged, so write them again or point at a checkpoint."
     cases = [
         (tmp_path / "missing", Tied(), f"{tmp_path / 'missing'} does not exist; pass a run folder or a checkpoint "
@@ -96,6 +103,8 @@ def test_every_refusal_is_one_sentence(tmp_path):
         (tmp_path / "indexed_pickle", Tied(), f"{tmp_path / 'indexed_pickle'} " + damaged.format(
             "ValueError: model.safetensors.index.json names 'pytorch_model.bin', not a .safetensors file in this "
             "folder")),
+        (tmp_path / "piped", Tied(), f"{tmp_path / 'piped'} " + damaged.format(
+            "ValueError: a.safetensors is not a regular file (a pipe or a device, which reading would wait on)")),
     ]  # fmt: skip
     for source, model, sentence in cases:
         with pytest.raises(ValueError) as refused:
