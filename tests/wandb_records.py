@@ -67,3 +67,18 @@ def read_run(path: Path) -> dict:
                  "files": sorted(entry.path for entry in record.artifact.manifest.contents)}
             )  # fmt: skip
     return run
+
+
+def offline_runs(folder: Path) -> list[Path]:
+    """The ``run-<id>.wandb`` files of W&B's offline runs in ``folder/wandb``, oldest first.
+
+    Not in name order: a folder is ``offline-run-<start second>-<id>``, and a run that starts within the same
+    second as an earlier one of the same id (a resume) gets ``-1`` appended, which sorts before the first
+    (``-`` before ``/``).
+    """
+
+    def started(path: Path) -> tuple[str, int]:
+        parts = path.parent.name.split("-")  # offline, run, <start second>, <id>[, <n>]
+        return parts[2], int(parts[4]) if len(parts) > 4 else 0
+
+    return sorted(Path(folder, "wandb").glob("offline-run-*/run-*.wandb"), key=started)

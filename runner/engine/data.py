@@ -12,6 +12,7 @@ global batches, padding and positions.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,8 @@ from runner.engine.sampling import (
     seed_generators,
     seeded_worker_init_fn,
 )
+
+logger = logging.getLogger("runner")
 
 __all__ = [
     "BatchSamplerShard",
@@ -225,15 +228,17 @@ class PreparedDataLoader(DataLoader):
         if skip and tracked and state is not None:
             return state
         if skip and log:
-            from runner.engine.dispatch import warn_reading_past
-
             if tracked:
                 why = "the checkpoint holds no state of it"
             elif callable(getattr(dataset, "state_dict", None)):
                 why = "its state is in the loader's worker processes, which do not report it"
             else:
                 why = "it has no state_dict"
-            warn_reading_past(dataset, skip, why)
+            logger.warning(
+                "Resuming %s by reading past the %d samples already seen this epoch (%s); a stream with state_dict() "
+                "and load_state_dict() resumes at once, in its main-process loader.",
+                type(dataset).__name__, skip, why,
+            )  # fmt: skip
         return None
 
     def _to_device(self, batch: Any) -> Any:

@@ -28,7 +28,6 @@ import collections
 import copy
 import itertools
 import json
-import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -40,7 +39,6 @@ from runner.engine.data import PreparedDataLoader
 from runner.engine.sampling import ShardedBatchSampler, Sharding
 
 _END = object()
-logger = logging.getLogger("runner")
 
 
 def stateful(dataset: Any) -> bool:
@@ -59,15 +57,6 @@ def snapshot(dataset: Any) -> Any:
             "recorded in the checkpoint's manifest, so return numbers, strings, lists and dicts."
         ) from None
     return copy.deepcopy(state)
-
-
-def warn_reading_past(dataset: Any, skip: int, why: str) -> None:
-    """The one line a stream resumed by reading past ``skip`` samples gets."""
-    logger.warning(
-        "Resuming %s by reading past the %d samples already seen this epoch (%s); a stream with state_dict() and "
-        "load_state_dict() resumes at once, in its main-process loader.",
-        type(dataset).__name__, skip, why,
-    )  # fmt: skip
 
 
 class IterableDatasetShard(IterableDataset):

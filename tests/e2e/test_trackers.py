@@ -12,7 +12,7 @@ import math
 import pytest
 
 from tests.e2e.conftest import metrics, mnist_args, run_cli
-from tests.wandb_records import read_run
+from tests.wandb_records import offline_runs, read_run
 
 mlflow = pytest.importorskip("mlflow")
 pytest.importorskip("wandb")
@@ -145,7 +145,7 @@ def test_csv_has_a_column_per_metric_and_each_step_once(tracked):
 def test_wandb_offline_runs_hold_the_history_and_the_resume_continues_the_same_run(tracked):
     _, run, _ = tracked
     recorded = json.loads((run / "trackers.json").read_text())["wandb"]
-    attempts = [read_run(path) for path in sorted((run / "wandb").glob("offline-run-*/run-*.wandb"))]
+    attempts = [read_run(path) for path in offline_runs(run)]
     assert len(attempts) == 2 and {attempt["id"] for attempt in attempts} == {recorded["run_id"]}
     assert all(attempt["name"] == f"{run.parent.name}/{run.name}" for attempt in attempts)
     steps = [row["_step"] for attempt in attempts for row in attempt["history"] if "train/loss" in row]

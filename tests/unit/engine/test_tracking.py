@@ -30,7 +30,7 @@ from runner.engine.tracking import (
     build_trackers,
     register_tracker_class,
 )
-from tests.wandb_records import read_run
+from tests.wandb_records import offline_runs, read_run
 
 
 def _read_jsonl(path) -> list[dict]:
@@ -392,7 +392,9 @@ def test_wandb_offline_run_holds_the_config_history_text_and_artifacts_and_a_res
     again.log({"loss": 0.2}, step=4)
     again.finish()
 
-    first, second = (read_run(path) for path in sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb")))
+    # W&B's service process writes the offline files; teardown waits for it (in a run, the process's exit does)
+    pytest.importorskip("wandb").teardown()
+    first, second = (read_run(path) for path in offline_runs(tmp_path))  # both may start within one second
     assert (first["id"], second["id"]) == (run_id, run_id) and first["group"] == "sweep-7"
     assert first["config"]["lr"] == 0.1 and first["config"]["model"] == {"hidden": 8}
     assert [(row["_step"], row["loss"]) for row in first["history"]] == [(1, 1.0), (2, 0.5), (3, 1 / 3)]
