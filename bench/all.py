@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-BENCHMARKS = ("overhead", "step", "startup", "checkpoint", "dataloader", "memory", "tokens", "trackers")
+BENCHMARKS = ("overhead", "step", "startup", "checkpoint", "dataloader", "memory", "tokens", "trackers", "streams")
 
 
 def main() -> None:
