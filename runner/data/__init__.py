@@ -20,6 +20,7 @@ from runner.data.splits import SplitSpec, parse_split
 __all__ = [
     "MNIST",
     "CharCorpus",
+    "Mixture",
     "Split",
     "causal_lm_blocks",
     "DATASETS",
@@ -37,6 +38,7 @@ DATASETS = ("mnist", *TEXT_DATASETS)
 _LAZY = {
     "MNIST": "runner.data.mnist",
     "CharCorpus": "runner.data.text",
+    "Mixture": "runner.data.mixture",
     "causal_lm_blocks": "runner.data.hf",
     "Split": "runner.data.subsets",
 }
