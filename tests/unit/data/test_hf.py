@@ -124,3 +124,27 @@ def test_the_presets_perplexity_is_exp_of_the_models_own_loss_on_real_batches():
             total, count = total + outputs.loss.item() * len(batch["labels"]), count + len(batch["labels"])
     assert math.log(256) - 0.5 < total / count < math.log(256) + 0.5  # an untrained model: about uniform
     assert metrics.compute()["eval/perplexity"] == pytest.approx(math.exp(total / count), rel=1e-5)
+
+
+def test_a_streamed_hugging_face_dataset_resumes_from_its_own_state(tmp_path):
+    from torch.utils.data import DataLoader
+
+    from runner.engine import Accelerator
+
+    (tmp_path / "input.txt").write_text("".join(f"line {i}\n" for i in range(200)))
+
+    def loader(accelerator):
+        stream = datasets.load_dataset("text", data_files=str(tmp_path / "input.txt"), split="train", streaming=True)
+        return accelerator.prepare(DataLoader(stream, batch_size=8, collate_fn=lambda rows: [r["text"] for r in rows]))
+
+    uninterrupted = list(loader(Accelerator()))
+    first = loader(accelerator := Accelerator(project_dir=tmp_path))
+    iterator = iter(first)
+    head = [next(iterator) for _ in range(5)]
+    accelerator.save_state(tmp_path / "saved")
+    state = first.state_dict()
+    assert state["samples_seen"] == 40 and "shard_example_idx': 40" in str(state["dataset_state"])  # HF's own
+    resumed = Accelerator(project_dir=tmp_path)
+    second = loader(resumed)
+    resumed.load_state(tmp_path / "saved")
+    assert head + list(second) == uninterrupted and len(uninterrupted) == 25
