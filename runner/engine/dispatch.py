@@ -125,7 +125,7 @@ class ShardedIterableLoader(PreparedDataLoader):
         shard = self.dataset
         shard.set_epoch(self.iteration)
         shard.track_state = stateful(shard.dataset) and self.num_workers == 0
-        state = self._take_stream_state(shard.dataset, skip, shard.track_state)
+        state = self._take_stream_state(shard.dataset, skip, shard.track_state, log=shard.sharding.process_index == 0)
         shard.resume_state, shard.skip_samples = state, 0 if state is not None else skip
 
         def ended() -> None:
