@@ -46,14 +46,11 @@ def with_peft(model: nn.Module, config: Any, **given) -> nn.Module:
     """
     import peft
 
+    from runner.models.run_weights import check_given
+
     if not isinstance(model, nn.Module):
         raise ValueError(f"with_peft's model is {type(model).__name__}, not a torch module; give it a model node.")
-    for key, value in given.items():
-        if getattr(model, key, value) != value:
-            raise ValueError(
-                f"The data needs {key}={value}, and model.model builds {type(model).__name__} with "
-                f"{key}={getattr(model, key)}; set model.model.{key}={value}."
-            )
+    check_given(model, given)
     if not isinstance(config, peft.PeftConfig):
         raise ValueError(
             f"with_peft's config is {type(config).__name__}, not a peft config; give it a node such as "

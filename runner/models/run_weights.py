@@ -41,12 +41,7 @@ def from_run(source: str | os.PathLike, model: nn.Module, strict: bool = True, *
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"from_run's model is {type(model).__name__}, not a torch module; give it a model node.")
-    for key, value in given.items():
-        if getattr(model, key, value) != value:
-            raise ValueError(
-                f"The data needs {key}={value}, and model.model builds {type(model).__name__} with "
-                f"{key}={getattr(model, key)}; set model.model.{key}={value}."
-            )
+    check_given(model, given)
     if _READING.get() == "checkpoint":
         return model  # a resume, or a verb after training: the checkpoint holds every weight (source may be gone)
     if _READING.get() == "check" or any(parameter.is_meta for parameter in model.parameters()):
@@ -87,6 +82,17 @@ def from_run(source: str | os.PathLike, model: nn.Module, strict: bool = True, *
             if name not in weights and (other := next((n for n in names if n in weights), None)) is not None:
                 expected[name].copy_(weights[other])
     return model
+
+
+def check_given(model: nn.Module, given: dict) -> None:
+    """What a recipe passes a model node that wraps one already built (the language model's ``vocab_size``, from
+    its data) must be what the inner node built: one sentence naming the key to set otherwise."""
+    for key, value in given.items():
+        if getattr(model, key, value) != value:
+            raise ValueError(
+                f"The data needs {key}={value}, and model.model builds {type(model).__name__} with "
+                f"{key}={getattr(model, key)}; set model.model.{key}={value}."
+            )
 
 
 _READING: contextvars.ContextVar[str | None] = contextvars.ContextVar("runner_from_run_reading", default=None)
