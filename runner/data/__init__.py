@@ -21,6 +21,7 @@ __all__ = [
     "MNIST",
     "CharCorpus",
     "Mixture",
+    "Packed",
     "Split",
     "causal_lm_blocks",
     "DATASETS",
@@ -39,6 +40,7 @@ _LAZY = {
     "MNIST": "runner.data.mnist",
     "CharCorpus": "runner.data.text",
     "Mixture": "runner.data.mixture",
+    "Packed": "runner.data.packing",
     "causal_lm_blocks": "runner.data.hf",
     "Split": "runner.data.subsets",
 }

@@ -24,6 +24,8 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
+from runner.engine.dispatch import stateful
+
 EXHAUSTED = ("stop", "restart", "drop")
 
 
@@ -79,7 +81,7 @@ class Mixture(IterableDataset):
         live = self._live
         version, internal, gauss = live["rng"].getstate()
         sources = [
-            dataset.state_dict() if _stateful(dataset) else None
+            dataset.state_dict() if stateful(dataset) else None
             for dataset in self.datasets  # each stops right after the sample it handed out last
         ]
         return {
@@ -141,7 +143,7 @@ class Mixture(IterableDataset):
         dataset = self.datasets[index]
         if hasattr(dataset, "set_epoch"):
             dataset.set_epoch(self.epoch + live["restarts"][index])
-        if state is not None and _stateful(dataset) and state["sources"][index] is not None:
+        if state is not None and stateful(dataset) and state["sources"][index] is not None:
             dataset.load_state_dict(state["sources"][index])
             return iter(dataset)
         skip = state["taken"][index] if state is not None else 0
@@ -151,7 +153,3 @@ class Mixture(IterableDataset):
 
 
 _END = object()
-
-
-def _stateful(dataset: Any) -> bool:
-    return callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
