@@ -118,7 +118,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     eval_loader = DataLoader(eval_set, batch_size=cfg.data.eval_batch_size, num_workers=cfg.data.num_workers)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
 
-    total_steps = total_optimizer_steps(cfg.trainer, len(train_loader))
+    total_steps = total_optimizer_steps(cfg.trainer, train_loader)
     scheduler = build_scheduler(cfg.scheduler, optimizer.optimizer, total_steps)
     if scheduler is not None:
         scheduler = accelerator.prepare(scheduler)

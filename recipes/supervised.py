@@ -95,7 +95,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
         loss_fn.to(accelerator.device)
     model_loss = loss_fn is None
 
-    total_steps = total_optimizer_steps(cfg.trainer, len(train_loader))
+    total_steps = total_optimizer_steps(cfg.trainer, train_loader)
     scheduler = build_scheduler(cfg.scheduler, optimizer.optimizer, total_steps)
     if scheduler is not None:
         scheduler = accelerator.prepare(scheduler)

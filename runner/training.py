@@ -205,14 +205,28 @@ class TrainingLoop:
         return self.metrics.get(metric)
 
 
-def total_optimizer_steps(trainer: DictConfig, batches_per_epoch: int) -> int:
-    """``trainer.max_steps`` if set, else ``max_epochs`` epochs of optimizer steps.
+def total_optimizer_steps(trainer: DictConfig, batches_per_epoch) -> int:
+    """``trainer.max_steps`` if set, else ``max_epochs`` epochs of optimizer steps: ``batches_per_epoch`` is a
+    number, or the train loader, asked for its length only then.
 
     With accumulation an epoch's optimizer steps round up: the last, shorter cycle of an epoch
     also steps.
+
+    Raises:
+        ConfigError: Neither is known: a stream without a length, and no ``trainer.max_steps``.
     """
     if trainer.max_steps:
         return int(trainer.max_steps)
+    try:
+        if not isinstance(batches_per_epoch, int):
+            batches_per_epoch = len(batches_per_epoch)
+    except TypeError:  # a stream without a length
+        from runner.config import ConfigError
+
+        raise ConfigError(
+            "trainer.max_steps is null and data.train is a stream without a length, so the number of steps is not "
+            "known before the stream ends; set trainer.max_steps."
+        ) from None
     return trainer.max_epochs * math.ceil(batches_per_epoch / trainer.gradient_accumulation_steps)
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "Packed",
     "Split",
     "causal_lm_blocks",
+    "stream_slice",
     "DATASETS",
     "TEXT_DATASETS",
     "SplitSpec",
@@ -42,6 +43,7 @@ _LAZY = {
     "Mixture": "runner.data.mixture",
     "Packed": "runner.data.packing",
     "causal_lm_blocks": "runner.data.hf",
+    "stream_slice": "runner.data.hf",
     "Split": "runner.data.subsets",
 }
 

@@ -132,3 +132,17 @@ def _too_short(tokens: Any, *, block_size: int, rows_per_group: int | None) -> V
         f"The text holds {total} tokens, fewer than one block of block_size={block_size}; lower block_size or give "
         "the dataset more text (a wider split)."
     )
+
+
+def stream_slice(dataset: Any, start: int = 0, stop: int | None = None) -> Any:
+    """Rows ``start`` to ``stop`` of a Hugging Face streamed dataset (``load_dataset(..., streaming=True)``,
+    which takes no split slices): its ``skip`` and ``take``, whose position its ``state_dict`` keeps.
+
+    Raises:
+        ValueError: One sentence for bounds that select nothing.
+    """
+    if start < 0 or (stop is not None and stop <= start):
+        raise ValueError(f"stream_slice's start={start}, stop={stop} select no rows; give 0 <= start < stop.")
+    if start:
+        dataset = dataset.skip(start)
+    return dataset.take(stop - start) if stop is not None else dataset

@@ -3,11 +3,12 @@
     data:
       train:
         _target_: runner.data.Packed
-        dataset: {_target_: ...}          # documents: lists (or tensors) of token ids, or dicts holding them
+        dataset: {_target_: ...}          # documents: token ids (lists, tensors, dicts holding them) or text
         block_size: 1024
         column: input_ids                 # the key of a dict document
         eos_token_id: 50256               # appended to each document (null: none)
         boundaries: true                  # position_ids restart at each document (the document mask's input)
+        tokenizer: null                   # text documents (a string, or text_column of a dict): its ids, else bytes
 
 Each block is ``{"input_ids", "labels"}`` (labels = inputs: the model shifts them, as Hugging Face's causal LMs
 do); with ``boundaries``, also ``position_ids`` counting from 0 in each document and ``document_ids`` numbering
@@ -46,11 +47,14 @@ class Packed(IterableDataset):
         column: str = "input_ids",
         eos_token_id: int | None = None,
         boundaries: bool = False,
+        text_column: str = "text",
+        tokenizer: Any = None,
     ) -> None:
         if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
             raise ValueError(f"Packed's block_size={block_size!r} must be a positive integer.")
         self.dataset, self.block_size, self.column = dataset, block_size, column
         self.eos_token_id, self.boundaries = eos_token_id, boundaries
+        self.text_column, self.tokenizer = text_column, tokenizer
         self._loaded: dict[str, Any] | None = None
         self._live: dict[str, Any] | None = None
 
@@ -96,13 +100,20 @@ class Packed(IterableDataset):
                 yield self._block(block, positions)
 
     def _ids(self, document: Any, index: int) -> list[int]:
-        ids = document[self.column] if isinstance(document, dict) else document
+        if isinstance(document, dict) and self.column not in document and self.text_column in document:
+            document = document[self.text_column]
+        if isinstance(document, str):  # text: the tokenizer's ids, else its UTF-8 bytes (as causal_lm_blocks reads it)
+            return self._ids(
+                self.tokenizer(document)["input_ids"] if self.tokenizer else list(document.encode()), index
+            )
+        ids = document.get(self.column) if isinstance(document, dict) else document
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
         if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) for i in ids):
+            what = f"a dict without {self.column!r} or {self.text_column!r}" if ids is None else type(ids).__name__
             raise ValueError(
-                f"Packed's document {index} is {type(ids).__name__}, not a list of token ids; give documents of ids "
-                f"(or dicts whose {self.column!r} holds them)."
+                f"Packed's document {index} is {what}, not token ids or text; give documents of ids or text (or "
+                f"dicts whose {self.column!r} or {self.text_column!r} holds them)."
             )
         return [*ids, self.eos_token_id] if self.eos_token_id is not None else list(ids)
 

@@ -329,3 +329,28 @@ def test_a_lora_target_that_is_not_in_the_model_is_one_sentence_before_launch(on
         "failed: The target module 'c_atn' is not in GPT2LMHeadModel (did you mean 'c_attn'?); set target_modules "
         "to names of its layers: c_attn, c_fc, c_proj, lm_head, wpe, wte."
     )
+
+
+# ------------------------------------------------------------------------------------ the corpus streamed
+@pytest.mark.parametrize("parallel", ["one_process", "ddp"])
+def test_a_streamed_corpus_resumes_from_the_streams_state_bit_for_bit(tmp_path, parallel):
+    def stream_train(folder, *extra):
+        args = [arg if arg != "experiment=shakespeare_hf" else "experiment=shakespeare_hf_stream" for arg in hf_args()]
+        done = run_cli(*args, *LORA_PARALLEL[parallel], *extra, f"hydra.run.dir={folder}", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return folder
+
+    whole = stream_train(tmp_path / "whole", "trainer.max_steps=30")
+    cut = stream_train(tmp_path / "cut", "trainer.max_steps=20")
+    manifest = json.loads((cut / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())
+    position = manifest["dataloaders"][0]  # the train loader's (then the eval loader's)
+    state = position["dataset_state"]  # Packed's: the lines read, the bytes carried over, the HF stream's own state
+    assert position["samples_seen"] == 20 * 16 * (2 if parallel == "ddp" else 1)
+    assert state["documents"] > 0 and 0 < len(state["carry"]) and state["source"] is not None
+    resumed = run_cli(f"resume={cut}", "trainer.max_steps=30", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    log = (cut / "run.log").read_text()
+    assert "Resumed at step 20" in log and "reading past" not in log
+    expected, got = (load_file(run / "model" / "model.safetensors") for run in (whole, cut))
+    assert [k for k in expected if not torch.equal(expected[k], got[k])] == []
+    assert metrics(cut) == metrics(whole)

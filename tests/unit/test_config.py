@@ -34,16 +34,20 @@ def test_conf_has_every_group_of_the_contract():
 
 
 # Options that belong with others, each composed with its family's recipe, model and data, by the model they build.
-FAMILIES = {
-    "runner.models.GPT": {"recipe": "language_model", "model": "gpt", "data": "shakespeare_char"},
-    "transformers.GPT2LMHeadModel": {"model": "gpt2_hf", "data": "shakespeare_hf"},
-    "runner.models.with_peft": {
-        "model": "gpt2_hf_lora",
-        "data": "shakespeare_hf",
-        "model.model.source": "/a/run",
-        "data.train.block_size": "${model.model.model.config.n_positions}",
-    },
-}
+FAMILIES = [
+    ("runner.models.GPT", {"recipe": "language_model", "model": "gpt", "data": "shakespeare_char"}),
+    ("transformers.GPT2LMHeadModel", {"model": "gpt2_hf", "data": "shakespeare_hf"}),
+    ("transformers.GPT2LMHeadModel", {"model": "gpt2_hf", "data": "shakespeare_hf_stream"}),
+    (
+        "runner.models.with_peft",
+        {
+            "model": "gpt2_hf_lora",
+            "data": "shakespeare_hf",
+            "model.model.source": "/a/run",
+            "data.train.block_size": "${model.model.model.config.n_positions}",
+        },
+    ),
+]
 EXPERIMENT_MODELS = {
     "shakespeare_gpt": "runner.models.GPT",
     "shakespeare_hf_lora": "runner.models.with_peft",
@@ -58,7 +62,7 @@ def test_every_yaml_composes_and_validates(group, option, monkeypatch):
     if group == "experiment":
         expected = next((model for name, model in EXPERIMENT_MODELS.items() if option.startswith(name)), expected)
         overrides = ["model.model.source=/a/run"] if option.endswith("_lora") else []  # the run it fine-tunes
-    for model, family in FAMILIES.items():
+    for model, family in FAMILIES:
         if family.get(group) == option:
             expected, overrides = model, [f"{key}={value}" for key, value in family.items() if key != group]
             break  # data=shakespeare_hf: with gpt2_hf, the first of its families

@@ -91,9 +91,17 @@ def test_what_cannot_be_packed_is_one_sentence(arguments, sentence):
     with pytest.raises(ValueError) as refused:
         Packed(**arguments)
     assert str(refused.value) == sentence
-    with pytest.raises(ValueError) as refused:
-        list(Packed([[1, 2], "some text"], block_size=2))
-    assert str(refused.value) == (
-        "Packed's document 1 is str, not a list of token ids; give documents of ids (or dicts whose 'input_ids' "
-        "holds them)."
-    )
+    for documents, what in [([[1, 2], 3.5], "float"), ([[1, 2], {"ids": [1]}], "a dict without 'input_ids' or 'text'")]:
+        with pytest.raises(ValueError) as refused:
+            list(Packed(documents, block_size=2))
+        assert str(refused.value) == (
+            f"Packed's document 1 is {what}, not token ids or text; give documents of ids or text (or dicts whose "
+            "'input_ids' or 'text' holds them)."
+        )
+
+
+def test_text_documents_are_packed_as_their_utf8_bytes_or_a_tokenizers_ids():
+    blocks = list(Packed([{"text": "ab\n"}, "cé\n"], block_size=3))
+    assert [block["input_ids"].tolist() for block in blocks] == [[97, 98, 10], [99, 195, 169]]
+    tokenized = list(Packed(["ab", "cd"], block_size=2, tokenizer=lambda text: {"input_ids": [ord(text[0])]}))
+    assert [block["input_ids"].tolist() for block in tokenized] == [[97, 99]]
