@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from runner.config import ConfigError
 from runner.schedules import constant, warmup_cosine
 from runner.training import build_scheduler, every, total_optimizer_steps
 
@@ -57,6 +58,14 @@ def test_step_budget_and_cadence():
 
     trainer = OmegaConf.create({"max_steps": None, "max_epochs": 3, "gradient_accumulation_steps": 4})
     assert total_optimizer_steps(trainer, batches_per_epoch=10) == 9  # 3 epochs x ceil(10 / 4)
+    assert total_optimizer_steps(trainer, batches_per_epoch=list(range(10))) == 9  # a loader: its length
+    with pytest.raises(ConfigError) as refused:  # a stream without a length, and no max_steps
+        total_optimizer_steps(trainer, batches_per_epoch=iter(range(10)))
+    assert str(refused.value) == (
+        "trainer.max_steps is null and data.train is a stream without a length, so the number of steps is not known "
+        "before the stream ends; set trainer.max_steps."
+    )
     trainer.max_steps = 5
     assert total_optimizer_steps(trainer, batches_per_epoch=10) == 5
+    assert total_optimizer_steps(trainer, batches_per_epoch=iter(range(10))) == 5
     assert [every(3, s) for s in (1, 3, 6)] == [False, True, True] and not every(None, 3)
