@@ -59,6 +59,38 @@ class StatefulRange(torch.utils.data.IterableDataset):
         self.start = self.next = state["next"]
 
 
+class ShardedRange(torch.utils.data.IterableDataset):
+    """range(n) in ``shards`` shards (shard k: k, k + shards, ...), dealt to the loader's workers as Hugging Face's
+    streams deal theirs (worker w reads shards w, w + workers, ...). Its state is the position in this worker's
+    shards; ``reads`` counts the samples read in every worker process (forked loader workers share it)."""
+
+    def __init__(self, n: int, shards: int = 4) -> None:
+        import multiprocessing
+
+        self.n, self.shards, self.start = n, shards, None
+        self.position = {"shard": 0, "index": 0}
+        self.reads = multiprocessing.get_context("fork").Value("i", 0)
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        mine = [range(shard, self.n, self.shards) for shard in range(worker, self.shards, workers)]
+        start, self.start = self.start or {"shard": 0, "index": 0}, None
+        for shard in range(start["shard"], len(mine)):
+            first = start["index"] if shard == start["shard"] else 0
+            for index in range(first, len(mine[shard])):
+                with self.reads.get_lock():
+                    self.reads.value += 1
+                self.position = {"shard": shard, "index": index + 1}
+                yield mine[shard][index]
+
+    def state_dict(self) -> dict:
+        return dict(self.position)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.start = dict(state)
+
+
 def small_model(features: int = 8, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(features, 16), nn.Tanh(), nn.Linear(16, 1))

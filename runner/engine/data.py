@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from runner.engine.batch_shards import BatchSamplerShard
+from runner.engine.manifest import CheckpointError
 from runner.engine.ops import send_to_device
 from runner.engine.sampling import (
     PlainShuffle,
@@ -152,6 +153,8 @@ class PreparedDataLoader(DataLoader):
 
     # What a position counts, and how far each step moves it: samples, a global batch of them.
     _position_key = "samples_seen"
+    # Where a position keeps its stream's state: the stream's own (read in this process), or its workers'.
+    _stream_key = "dataset_state"
 
     @property
     def _step_size(self) -> int:
@@ -193,7 +196,7 @@ class PreparedDataLoader(DataLoader):
             state = {"epoch": self.iteration, key: self._position}
             stream_state = self._stream_state if self._batches_yielded else None
         if stream_state is not None:
-            state["dataset_state"] = stream_state
+            state[self._stream_key] = stream_state
         if self._shuffler is not None:
             state["seed"] = self._shuffler.seed
         if self.shuffle is not None:
@@ -216,14 +219,37 @@ class PreparedDataLoader(DataLoader):
             )
         self.iteration = state["epoch"]
         self._skip_on_next_pass = state[self._position_key]
-        self._pending_stream_state = state.get("dataset_state") if self._skip_on_next_pass else None
+        self._pending_stream_state = None
+        if self._skip_on_next_pass and ("dataset_state" in state or "worker_states" in state):
+            self._pending_stream_state = self._saved_stream(state)
         if "seed" in state and self._shuffler is not None:
             self._shuffler.seed = state["seed"]
 
+    def _saved_stream(self, state: dict[str, Any]) -> Any:
+        """The stream's saved state this loader continues from: it was read by as many loader workers as this
+        loader has (each reads its own part of a stream, so a position of one split fits no other)."""
+        workers = state.get("worker_states")
+        saved = 0
+        if workers is not None:
+            if not (isinstance(workers, dict) and isinstance(workers.get("workers"), list) and workers["workers"]):
+                raise CheckpointError(
+                    "The checkpoint's loader position holds a damaged worker_states (each loader worker's stream "
+                    "state); resume from another checkpoint."
+                )
+            saved = len(workers["workers"])
+        if saved != self.num_workers:
+            readers = f"{saved} loader workers" if saved else "the main process alone (num_workers=0)"
+            raise CheckpointError(
+                f"This loader's stream was checkpointed as read by {readers}, and a stream is split between a "
+                f"loader's workers, so it continues only with the same number: resume with num_workers={saved} "
+                f"(this loader has {self.num_workers})."
+            )
+        return state[self._stream_key] if self._stream_key in state else None
+
     def _take_stream_state(self, dataset: Any, skip: int, tracked: bool, *, log: bool = True) -> Any:
-        """The saved state the stream of this pass continues from, if it can (``tracked``: it records one, in
-        the main process); else None, and a pass that starts ``skip`` samples in reads past them, which is
-        said once."""
+        """The saved state the stream of this pass continues from, if it can (``tracked``: the loader records
+        one, the stream's or its workers'); else None, and a pass that starts ``skip`` samples in reads past
+        them, which is said once."""
         state, self._pending_stream_state = self._pending_stream_state, None
         if skip and tracked and state is not None:
             return state
@@ -231,12 +257,12 @@ class PreparedDataLoader(DataLoader):
             if tracked:
                 why = "the checkpoint holds no state of it"
             elif callable(getattr(dataset, "state_dict", None)):
-                why = "its state is in the loader's worker processes, which do not report it"
+                why = "its loader's persistent_workers keep their own copies of it, which do not report their state"
             else:
                 why = "it has no state_dict"
             logger.warning(
                 "Resuming %s by reading past the %d samples already seen this epoch (%s); a stream with state_dict() "
-                "and load_state_dict() resumes at once, in its main-process loader.",
+                "and load_state_dict() resumes at once.",
                 type(dataset).__name__, skip, why,
             )  # fmt: skip
         return None

@@ -17,9 +17,9 @@ Face ``IterableDataset``, a torchdata node, ``runner.data.Mixture``, a class of 
 state as of the last batch handed out, and resumed from it without reading what was seen: the state is the
 stream's global position (one reader: every rank's stream, or rank 0's under dispatch), so a run may resume
 on another number of processes. It must be JSON (numbers, strings, lists, dicts), as the manifest records it.
-Loader workers hold their own copies of a stream, so with ``num_workers > 0`` (and for streams without state)
-a stream is resumed by reading past the samples already seen, which it says once; such a stream must be the
-same in every pass of an epoch (seed any shuffling from ``set_epoch``).
+With ``num_workers > 0`` a stream with state is read by :mod:`runner.engine.worker_streams` (each worker its
+part, a state for each). A stream without state is resumed by reading past the samples already seen, which it
+says once; such a stream must be the same in every pass of an epoch (seed any shuffling from ``set_epoch``).
 """
 
 from __future__ import annotations
@@ -179,12 +179,21 @@ class DispatchedDataLoader(PreparedDataLoader):
             return self.batch_sampler.sharded.num_batches(0)
         return self.sharding.num_batches(len(self.dataset))  # TypeError for a stream without a length
 
+    @property
+    def _stream(self) -> Any:
+        """The user's stream this loader reads."""
+        return self.dataset
+
+    def _tracks_stream(self) -> bool:
+        """Whether this loader's stream records its state, which a checkpoint keeps (rank 0 reads it)."""
+        return not self._map_style and stateful(self.dataset) and self.num_workers == 0
+
     def _pass(self, skip: int) -> Iterator[Any]:
         sharding = self.sharding
-        tracked = not self._map_style and stateful(self.dataset) and self.num_workers == 0
+        tracked = self._tracks_stream()
         state = None
         if not self._map_style:
-            state = self._take_stream_state(self.dataset, skip, tracked, log=sharding.process_index == 0)
+            state = self._take_stream_state(self._stream, skip, tracked, log=sharding.process_index == 0)
         if state is None and skip % sharding.global_batch_size and not self._map_style:  # raised on every rank alike
             raise ValueError(
                 f"This iterable loader cannot resume {skip} samples into an epoch: dispatched streams resume at "
@@ -195,7 +204,7 @@ class DispatchedDataLoader(PreparedDataLoader):
         for batch, remainder, next_rows, stream_state in rounds:
             if tracked:
                 self._stream_state = stream_state  # rank 0's, which the manifest records
-            start, stop = _row_range(sharding, _rows(batch))
+            start, stop = _row_range(sharding, batch_rows(batch))
             if start >= stop:
                 continue  # without even_batches the last ranks may have no share of the last batch
             self.remainder = remainder
@@ -204,7 +213,7 @@ class DispatchedDataLoader(PreparedDataLoader):
             if start_next >= stop_next:
                 self._pass_batches = self._batches_yielded
                 self.end_of_dataloader = True
-            yield self._to_device(_slice_rows(batch, start, stop))
+            yield self._to_device(slice_rows(batch, start, stop))
         self.end_of_dataloader = True
 
     # ------------------------------------------------------------------------------------------- rank 0
@@ -230,30 +239,35 @@ class DispatchedDataLoader(PreparedDataLoader):
             return
         yield from self._streamed_rounds(skip, state, tracked)
 
+    def _global_stream(self, skip: int, state: Any, tracked: bool) -> tuple[Any, Iterator[tuple[Any, Any]]]:
+        """The epoch's first global batch (it pads the last; None for an empty stream), and the pass's global
+        batches from ``skip`` samples in (or from ``state``), each with the stream's state after it if ``tracked``."""
+        size = self.sharding.global_batch_size
+        stream = rebatch(DataLoader.__iter__(self), size)
+        head = next(stream, None)
+        if head is None:
+            return None, iter(())
+        if state is not None:  # continue from the saved state: the head was all that was read again
+            self.dataset.load_state_dict(state)
+            stream = rebatch(DataLoader.__iter__(self), size)
+        else:
+            stream = itertools.islice(itertools.chain([head], stream), skip // size, None)
+        return head, ((batch, snapshot(self.dataset) if tracked else None) for batch in stream)
+
     def _streamed_rounds(self, skip: int, state: Any, tracked: bool) -> Iterator[_Round]:
         sharding, size = self.sharding, self.sharding.global_batch_size
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(self.iteration)
-        stream = _rebatch(DataLoader.__iter__(self), size)
-        head = next(stream, _END)  # the epoch's first global batch, which pads the last
-        if head is _END:
-            return
-        if state is not None:  # continue from the saved state: the head was all that was read again
-            self.dataset.load_state_dict(state)
-            stream = _rebatch(DataLoader.__iter__(self), size)
-        else:
-            stream = itertools.islice(itertools.chain([head], stream), skip // size, None)
-        current = next(stream, _END)
-        current_state = snapshot(self.dataset) if tracked else None
+        head, stream = self._global_stream(skip, state, tracked)
+        current, current_state = next(stream, (_END, None))
         while current is not _END:
-            upcoming = next(stream, _END)
-            upcoming_state = snapshot(self.dataset) if tracked else None
-            rows, remainder = _rows(current), -1
+            upcoming, upcoming_state = next(stream, (_END, None))
+            rows, remainder = batch_rows(current), -1
             if rows < size and sharding.even_batches and rows % sharding.num_processes:
-                filler = _concat_rows(head, current) if _rows(head) == size else current
-                padding = [i % _rows(filler) for i in range(-rows % sharding.num_processes)]
-                current, remainder = _concat_rows(current, _take_rows(filler, padding)), rows
-            next_rows = 0 if upcoming is _END else _rows(upcoming)
+                filler = concat_rows(head, current) if batch_rows(head) == size else current
+                padding = [i % batch_rows(filler) for i in range(-rows % sharding.num_processes)]
+                current, remainder = concat_rows(current, take_rows(filler, padding)), rows
+            next_rows = 0 if upcoming is _END else batch_rows(upcoming)
             if next_rows < size and sharding.even_batches:
                 next_rows += -next_rows % sharding.num_processes
             yield _Round(current, remainder, next_rows, current_state)
@@ -336,7 +350,7 @@ def _map_rows(on_tensor: Callable, on_column: Callable, *batches: Any) -> Any:
     return first
 
 
-def _rows(batch: Any) -> int:
+def batch_rows(batch: Any) -> int:
     """The number of samples in a collated batch: the first dimension of its tensors."""
     found: list[int] = []
     _map_rows(lambda t: found.append(len(t)), lambda column: found.append(len(column)), batch)
@@ -348,20 +362,20 @@ def _rows(batch: Any) -> int:
     return found[0]
 
 
-def _slice_rows(batch: Any, start: int, stop: int) -> Any:
+def slice_rows(batch: Any, start: int, stop: int) -> Any:
     return _map_rows(lambda t: t[start:stop], lambda column: column[start:stop], batch)
 
 
-def _take_rows(batch: Any, rows: list[int]) -> Any:
+def take_rows(batch: Any, rows: list[int]) -> Any:
     index = torch.tensor(rows, dtype=torch.long)
     return _map_rows(lambda t: t[index.to(t.device)], lambda column: [column[i] for i in rows], batch)
 
 
-def _concat_rows(first: Any, second: Any) -> Any:
+def concat_rows(first: Any, second: Any) -> Any:
     return _map_rows(lambda a, b: torch.cat([a, b]), lambda a, b: a + b, first, second)
 
 
-def _rebatch(batches: Iterator[Any], size: int) -> Iterator[Any]:
+def rebatch(batches: Iterator[Any], size: int) -> Iterator[Any]:
     """Cut a stream of collated batches into batches of ``size`` rows (the last may be shorter).
 
     A loader with several workers ends each worker's share with a short batch; regrouping keeps
@@ -369,16 +383,16 @@ def _rebatch(batches: Iterator[Any], size: int) -> Iterator[Any]:
     """
     pending = None
     for batch in batches:
-        pending = batch if pending is None else _concat_rows(pending, batch)
-        while _rows(pending) >= size:
-            rows = _rows(pending)
+        pending = batch if pending is None else concat_rows(pending, batch)
+        while batch_rows(pending) >= size:
+            rows = batch_rows(pending)
             if rows == size:
                 yield pending
                 pending = None
                 break
-            yield _slice_rows(pending, 0, size)
-            pending = _slice_rows(pending, size, rows)
-    if pending is not None and _rows(pending):
+            yield slice_rows(pending, 0, size)
+            pending = slice_rows(pending, size, rows)
+    if pending is not None and batch_rows(pending):
         yield pending
 
 

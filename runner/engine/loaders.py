@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from runner.engine import dispatch
+from runner.engine import dispatch, worker_streams
 from runner.engine.batch_shards import BatchSamplerShard
 from runner.engine.data import BatchShardedDataLoader, DataLoaderConfiguration, PreparedDataLoader
 from runner.engine.sampling import (
@@ -150,6 +150,9 @@ def _sample_sharded_loader(
         **options,
     }
     dispatch_batches = iterable if config.dispatch_batches is None else config.dispatch_batches
+    workers = options.get("num_workers", 0) > 0
+    if iterable and workers and (num_processes == 1 or (dispatch_batches and _workers_keep_state(options, dataloader))):
+        return _worker_stream_loader(dataloader, dispatched=num_processes > 1, comm_device=comm_device, **common)
     if num_processes > 1 and dispatch_batches:
         return _dispatched_loader(dataloader, sampler, comm_device=comm_device, iterable=iterable, **common)
     if iterable:
@@ -207,6 +210,28 @@ def _dispatched_loader(
     return dispatch.DispatchedDataLoader(
         dataloader.dataset, batch_sampler=dispatch.GlobalBatches(sampled), comm_device=comm_device, **common
     )
+
+
+def _workers_keep_state(options: dict[str, Any], dataloader: DataLoader) -> bool:
+    """Whether the loader's workers read a stream with state, which a checkpoint then records for each worker.
+
+    Persistent workers keep the copies of the stream they made in their first pass, which a resumed position
+    cannot reach: such a stream is read past as one without state."""
+    return dispatch.stateful(dataloader.dataset) and not options.get("persistent_workers")
+
+
+def _worker_stream_loader(
+    dataloader: DataLoader, *, dispatched: bool, comm_device: torch.device | None, **common: Any
+) -> PreparedDataLoader:
+    """A loader whose workers each read their part of a stream with state (:mod:`runner.engine.worker_streams`):
+    on one process, the plain loader's batches; on several, rank 0's global batches, dispatched."""
+    sharding = common["sharding"]
+    size = sharding.global_batch_size if dispatched else sharding.per_process
+    stream = worker_streams.WorkerStream(dataloader.dataset, size, sharding.drop_last)
+    common["collate_fn"] = worker_streams.TaggedCollate(common["collate_fn"])
+    if dispatched:
+        return worker_streams.DispatchedWorkerLoader(stream, batch_size=size, comm_device=comm_device, **common)
+    return worker_streams.WorkerStreamLoader(stream, batch_size=size, **common)
 
 
 def _seeded(sampler, seed: int):

@@ -5,6 +5,9 @@ let gather_for_metrics return exactly one entry per sample, and train to the sam
 default sharding of the same global batches.
 """
 
+from pathlib import Path
+
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
@@ -149,7 +152,36 @@ def test_split_and_dispatched_batches_train_to_the_same_weights_as_the_default(l
                 assert torch.equal(value, weights[name][key]), (name, key)
 
 
-def _resume_stream():
+def _texts(rows):
+    return [row["text"] for row in rows]
+
+
+def _hf_worker_stream(files, position=None, **options):
+    import datasets
+
+    stream = datasets.load_dataset("text", data_files=files, split="train", streaming=True)
+    loader = Accelerator(**options).prepare(DataLoader(stream, batch_size=3, num_workers=2, collate_fn=_texts))
+    if position is not None:
+        loader.load_state_dict(position)
+    return loader
+
+
+def _resume_worker_stream(files):
+    """A Hugging Face stream of 3 files that rank 0's 2 loader workers read (global batches of 6), cut and resumed."""
+    uninterrupted = list(_hf_worker_stream(files))
+    cuts = {}
+    for taken in (1, 3, 5, 6):
+        loader = _hf_worker_stream(files)
+        iterator = iter(loader)
+        head = [next(iterator) for _ in range(taken)]
+        position = loader.state_dict()
+        del iterator
+        cuts[taken] = (position, head + list(_hf_worker_stream(files, position)))
+    return {"uninterrupted": uninterrupted, "cuts": cuts}
+
+
+def _resume_stream(files):
+    result = {"workers": _resume_worker_stream(files)}
     accelerator = Accelerator()
     loader = accelerator.prepare(DataLoader(CountingStream(50), batch_size=4))
     uninterrupted = [batch.tolist() for batch in loader]
@@ -159,7 +191,7 @@ def _resume_stream():
     position = loader.state_dict()
     resumed = accelerator.prepare(DataLoader(CountingStream(50), batch_size=4))
     resumed.load_state_dict(position)
-    result = {"position": position, "uninterrupted": uninterrupted, "resumed": [b.tolist() for b in resumed]}
+    result.update(position=position, uninterrupted=uninterrupted, resumed=[b.tolist() for b in resumed])
     misaligned = accelerator.prepare(DataLoader(CountingStream(50), batch_size=4))
     misaligned.load_state_dict({"epoch": 1, "samples_seen": 6})  # saved with another global batch size
     try:
@@ -186,8 +218,35 @@ def _resume_stream():
     return result
 
 
-def test_a_dispatched_stream_resumes_at_its_position(launch):
-    ranks = launch(_resume_stream)
+def test_a_dispatched_stream_resumes_at_its_position(launch, tmp_path):
+    pytest.importorskip("datasets")
+    files = []
+    for part, lines in enumerate((7, 13, 17)):  # worker 0 reads files 0 and 2 (24 lines), worker 1 file 1 (13)
+        files.append(str(tmp_path / f"part{part}.txt"))
+        Path(files[-1]).write_text("".join(f"{part} {line}\n" for line in range(lines)))
+    ranks = launch(_resume_stream, files)
+    # Rank 0's workers read the stream (batches of 6, each its files), and each rank gets its 3 of each global batch
+    # of 6, cut from the workers' batches in turn: 6 (w0), 6 (w1), 6, 6, 6, then w1's last line and 5 of w0's last
+    # batch, then w0's last line and the epoch's first line, which pads the last global batch to a row for each rank
+    streamed = [rank["workers"] for rank in ranks]
+    whole = [sum(batches, []) for batches in zip(*(rank["uninterrupted"] for rank in streamed), strict=True)]
+    assert [len(batch) for batch in whole] == [6, 6, 6, 6, 6, 6, 2]
+    assert whole[5] == ["1 12", "2 11", "2 12", "2 13", "2 14", "2 15"] and whole[6] == ["2 16", "0 0"]
+    assert sorted(sum(whole, [])[:-1]) == sorted(f"{part} {line}" for part, n in enumerate((7, 13, 17)) for line in
+                                                 range(n))  # fmt: skip
+    for rank, result in enumerate(streamed):
+        for taken, (position, batches) in result["cuts"].items():
+            assert batches == result["uninterrupted"], (rank, taken)
+            if rank == 0:  # the manifest records rank 0's: its workers' states
+                assert position["samples_seen"] == 6 * taken and len(position["worker_states"]["workers"]) == 2
+    assert streamed[0]["cuts"][6][0]["worker_states"]["rows"] == 5  # 5 of w0's last batch were handed out
+    # the same position continued on one process with 2 workers: every remaining line handed out once
+    position = streamed[0]["cuts"][6][0]
+    rest = sum(_hf_worker_stream(files, position), [])
+    assert rest == ["2 16"]
+    position = streamed[0]["cuts"][3][0]
+    rest = sum(_hf_worker_stream(files, position), [])
+    assert sorted(sum(whole[:3], []) + rest) == sorted(sum(whole, [])[:-1])
     for rank, result in enumerate(ranks):
         assert result["position"] == {"epoch": 1, "samples_seen": 24}
         assert result["resumed"] == result["uninterrupted"][3:]
@@ -201,6 +260,11 @@ def test_a_dispatched_stream_resumes_at_its_position(launch):
             assert rest == result["uninterrupted"][3:]
             # nothing read twice: only the epoch's first global batch (8, which pads a short last one) and the rest
             assert reads == (8 + 50 - 24 if sharded or rank == 0 else 0)
+    # rank 0's position continued on one process (2 -> 1): the samples after it, each once, none read again
+    position = ranks[0]["stateful False"][0]
+    resumed = Accelerator().prepare(DataLoader(again := StatefulRange(50), batch_size=4))
+    resumed.load_state_dict(position)
+    assert sum((b.tolist() for b in resumed), []) == list(range(24, 50)) and again.reads == 50 - 24
     # saved at sample 6 by a run of another global batch size: each sample after it handed out once
     rests = [result["another world size"][0] for result in ranks]
     assert rests[0][0] == [6, 7, 8, 9] and rests[1][0] == [10, 11, 12, 13]

@@ -332,11 +332,19 @@ def test_a_lora_target_that_is_not_in_the_model_is_one_sentence_before_launch(on
 
 
 # ------------------------------------------------------------------------------------ the corpus streamed
-@pytest.mark.parametrize("parallel", ["one_process", "ddp"])
-def test_a_streamed_corpus_resumes_from_the_streams_state_bit_for_bit(tmp_path, parallel):
+@pytest.mark.parametrize("parallel, workers", [("one_process", 0), ("ddp", 0), ("one_process", 2), ("ddp", 2)])
+def test_a_streamed_corpus_resumes_from_the_streams_state_bit_for_bit(tmp_path, parallel, workers):
+    data = ()
+    if workers:  # the corpus in two files, the stream's two shards: each loader worker reads one
+        lines = (SHAKESPEARE / "input.txt").read_text().splitlines(keepends=True)
+        for part, half in enumerate((lines[:20000], lines[20000:])):
+            (tmp_path / f"part{part}.txt").write_text("".join(half))
+        files = ",".join(str(tmp_path / f"part{part}.txt") for part in range(2))
+        data = (f"data.num_workers={workers}", f"data.train.dataset.dataset.data_files=[{files}]")
+
     def stream_train(folder, *extra):
         args = [arg if arg != "experiment=shakespeare_hf" else "experiment=shakespeare_hf_stream" for arg in hf_args()]
-        done = run_cli(*args, *LORA_PARALLEL[parallel], *extra, f"hydra.run.dir={folder}", cwd=tmp_path)
+        done = run_cli(*args, *LORA_PARALLEL[parallel], *data, *extra, f"hydra.run.dir={folder}", cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
         return folder
 
@@ -344,9 +352,13 @@ def test_a_streamed_corpus_resumes_from_the_streams_state_bit_for_bit(tmp_path, 
     cut = stream_train(tmp_path / "cut", "trainer.max_steps=20")
     manifest = json.loads((cut / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())
     position = manifest["dataloaders"][0]  # the train loader's (then the eval loader's)
-    state = position["dataset_state"]  # Packed's: the lines read, the bytes carried over, the HF stream's own state
     assert position["samples_seen"] == 20 * 16 * (2 if parallel == "ddp" else 1)
-    assert state["documents"] > 0 and 0 < len(state["carry"]) and state["source"] is not None
+    if workers:  # each worker's Packed state, over its own shard
+        states = position["worker_states"]["workers"]
+        assert len(states) == 2 and all(state["documents"] > 0 and state["source"] is not None for state in states)
+    else:  # Packed's: the lines read, the bytes carried over, the HF stream's own state
+        state = position["dataset_state"]
+        assert state["documents"] > 0 and 0 < len(state["carry"]) and state["source"] is not None
     resumed = run_cli(f"resume={cut}", "trainer.max_steps=30", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     log = (cut / "run.log").read_text()

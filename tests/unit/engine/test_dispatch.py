@@ -8,11 +8,11 @@ from runner.engine import Accelerator
 from runner.engine.data import DataLoaderConfiguration, Sharding
 from runner.engine.dispatch import (
     IterableDatasetShard,
-    _concat_rows,
-    _rebatch,
-    _rows,
-    _slice_rows,
-    _take_rows,
+    batch_rows,
+    concat_rows,
+    rebatch,
+    slice_rows,
+    take_rows,
 )
 from runner.engine.loaders import prepare_data_loader
 from runner.engine.optimizer import GradientAccumulationPlugin, GradientState
@@ -112,18 +112,18 @@ def test_sharding_a_stream_on_each_process_refuses_loader_workers():
 def test_collated_batches_are_sliced_joined_and_regrouped_row_by_row():
     first = {"x": torch.arange(6).view(3, 2), "name": ["a", "b", "c"], "pair": (torch.ones(3), torch.zeros(3))}
     second = {"x": torch.arange(6, 10).view(2, 2), "name": ["d", "e"], "pair": (torch.ones(2), torch.zeros(2))}
-    assert _rows(first) == 3
-    joined = _concat_rows(first, second)
+    assert batch_rows(first) == 3
+    joined = concat_rows(first, second)
     assert joined["x"][:, 0].tolist() == [0, 2, 4, 6, 8] and joined["name"] == ["a", "b", "c", "d", "e"]
-    taken = _take_rows(joined, [4, 0])
+    taken = take_rows(joined, [4, 0])
     assert taken["x"][:, 0].tolist() == [8, 0] and taken["name"] == ["e", "a"] and taken["pair"][0].shape == (2,)
-    assert _slice_rows(joined, 1, 3)["name"] == ["b", "c"]
+    assert slice_rows(joined, 1, 3)["name"] == ["b", "c"]
     # Loader workers end their shares with short batches; regrouping restores consecutive batches of 4.
-    regrouped = list(_rebatch(iter([first, second, first]), 4))
+    regrouped = list(rebatch(iter([first, second, first]), 4))
     assert [batch["name"] for batch in regrouped] == [["a", "b", "c", "d"], ["e", "a", "b", "c"]]
     assert regrouped[1]["x"][:, 0].tolist() == [8, 0, 2, 4]
     exact = [{"x": torch.ones(4)}]
-    assert next(_rebatch(iter(exact), 4)) is exact[0]  # a full batch passes through uncopied
+    assert next(rebatch(iter(exact), 4)) is exact[0]  # a full batch passes through uncopied
 
 
 def test_a_stream_with_state_resumes_from_it_without_reading_what_was_seen(tmp_path, caplog):
@@ -159,7 +159,7 @@ def test_a_stream_resumed_without_its_state_reads_past_and_says_so_once(caplog):
         assert [b.tolist() for b in loader] == [[8, 9, 10, 11], [12, 13, 14, 15], [16, 17, 18, 19]]
         assert [r.getMessage() for r in caplog.records if "reading past" in r.getMessage()] == [
             f"Resuming {type(dataset).__name__} by reading past the 8 samples already seen this epoch ({why}); a "
-            "stream with state_dict() and load_state_dict() resumes at once, in its main-process loader."
+            "stream with state_dict() and load_state_dict() resumes at once."
         ]
 
 

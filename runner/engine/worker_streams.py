@@ -1,0 +1,323 @@
+"""Streams read by a loader's worker processes, each its own part, checkpointed by every worker's state.
+
+torch gives each loader worker its own copy of an iterable dataset. A stream that splits itself by
+``torch.utils.data.get_worker_info()`` reads a different part in each (a Hugging Face ``IterableDataset``
+deals its shards, ``n_shards``, to the workers; ``runner.data.Packed`` and ``Mixture`` over such streams
+follow their sources), and the loader hands out the workers' batches in turn, leaving out a worker
+whose part has ended. For a stream with ``state_dict()``/``load_state_dict()`` and ``num_workers > 0``:
+
+- :class:`WorkerStream` is what the workers iterate: the stream, started in each worker from that worker's
+  saved state, in the loader's batches, followed by an end marker, so this process learns where each
+  worker's part ended.
+- :class:`TaggedCollate` collates in the worker and tags each batch with the worker and its stream's state
+  after the batch.
+- :class:`WorkerRouter` hands the batches out in the order of an uninterrupted run: after a resume it
+  starts with the worker whose batch was due, though torch starts every pass with worker 0.
+
+A position (the manifest's ``worker_states``, JSON) holds each worker's state before its next batch
+(null: its part from the start), the workers whose part has ended, the worker whose batch comes next,
+and the rows of that batch already handed out (a global batch may end inside a worker's batch). It
+continues with the same number of workers; nothing already seen is read again but those rows.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from runner.engine.data import PreparedDataLoader
+from runner.engine.dispatch import DispatchedDataLoader, batch_rows, concat_rows, slice_rows, stateful
+from runner.engine.manifest import CheckpointError
+
+
+class _End:
+    """What a worker's stream yields after its last sample."""
+
+
+class WorkerStream(IterableDataset):
+    """The dataset the workers iterate: ``dataset`` from this worker's state in ``resume``, then an end marker.
+
+    ``resume`` and ``ended`` are set before each pass starts its workers (which copy this object).
+    With ``drop_last``, a worker's short last batch is left out here, so that the end marker still arrives.
+    """
+
+    def __init__(self, dataset: IterableDataset, batch_size: int, drop_last: bool) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.tracked = False  # whether each batch carries the stream's state (TaggedCollate)
+        self.resume: list[Any] | None = None  # each worker's state to start from; None: every part from its start
+        self.ended: frozenset[int] = frozenset()  # workers whose part had ended
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # TypeError for a stream without a length
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker = info.id if info is not None else 0
+        if worker not in self.ended:
+            if self.resume is not None and self.resume[worker] is not None:
+                self.dataset.load_state_dict(self.resume[worker])
+            batch: list[Any] = []
+            for sample in self.dataset:
+                batch.append(sample)
+                if len(batch) == self.batch_size:
+                    yield from batch
+                    batch = []
+            if batch and not self.drop_last:
+                yield from batch
+        yield _End()
+
+
+class Tagged(NamedTuple):
+    """A worker's batch (None: its part ended with a full batch), the worker, and its stream's state after it."""
+
+    batch: Any
+    worker: int
+    state: Any
+    ended: bool
+
+
+class TaggedCollate:
+    """``collate_fn`` in the worker, its batch tagged (:class:`Tagged`)."""
+
+    def __init__(self, collate_fn) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, samples: list[Any]) -> Tagged:
+        info = get_worker_info()
+        ended = bool(samples) and isinstance(samples[-1], _End)
+        if ended:
+            samples = samples[:-1]
+        stream = info.dataset
+        state = stream.dataset.state_dict() if stream.tracked and not ended else None
+        return Tagged(self.collate_fn(samples) if samples else None, info.id, state, ended)
+
+
+class Piece(NamedTuple):
+    """A batch the router hands out, the position that reproduces it, and the rows of it left out before ``batch``."""
+
+    batch: Any
+    before: dict[str, Any]
+    offset: int
+
+
+class WorkerRouter:
+    """The workers' batches (from ``tagged``, torch's order) in the order of an uninterrupted run, from ``start``."""
+
+    def __init__(self, tagged: Iterator[Tagged], workers: int, start: dict[str, Any] | None) -> None:
+        self._tagged = tagged
+        self._queues: list[collections.deque] = [collections.deque() for _ in range(workers)]
+        start = start or {"workers": [None] * workers, "ended": [], "next": 0, "rows": 0}
+        self._before = list(start["workers"])  # each worker's state before its next batch handed out
+        self._ended = set(start["ended"])
+        self._next = start["next"]
+        self._drop = start["rows"]  # rows of the next worker's output already handed out before the checkpoint
+
+    def position(self, rows: int = 0) -> dict[str, Any]:
+        """Where the stream continues: after the last batch handed out (and ``rows`` of the next)."""
+        return {"workers": list(self._before), "ended": sorted(self._ended), "next": self._next, "rows": rows}
+
+    def __iter__(self) -> Iterator[Piece]:
+        while len(self._ended) < len(self._queues):
+            worker = self._next
+            tagged = self._take(worker)
+            before, offset = self.position(), 0
+            batch = tagged.batch
+            if self._drop and batch is not None:
+                offset = min(self._drop, batch_rows(batch))
+                batch = slice_rows(batch, offset, batch_rows(batch)) if offset < batch_rows(batch) else None
+                self._drop -= offset
+                before["rows"] = offset
+            self._before[worker] = tagged.state
+            if tagged.ended:
+                self._ended.add(worker)
+            if not (self._drop and not tagged.ended):  # a batch left out whole: its worker is still due
+                self._drop = 0
+                self._next = self._following(worker)
+            if batch is not None:
+                yield Piece(batch, before, offset)
+
+    def _take(self, worker: int) -> Tagged:
+        while not self._queues[worker]:
+            tagged = next(self._tagged, None)
+            if tagged is None:
+                raise RuntimeError(f"Loader worker {worker}'s stream ended without its end marker.")
+            self._queues[tagged.worker].append(tagged)
+        return self._queues[worker].popleft()
+
+    def _following(self, worker: int) -> int:
+        count = len(self._queues)
+        for step in range(1, count + 1):
+            if (worker + step) % count not in self._ended:
+                return (worker + step) % count
+        return worker
+
+
+def checked_position(position: Any, workers: int, name: str) -> dict[str, Any]:
+    """``position`` (a checkpoint's ``worker_states``) if it is one for ``workers`` workers; else one sentence."""
+    ok = (
+        isinstance(position, dict)
+        and isinstance(position.get("workers"), list)
+        and len(position["workers"]) == workers
+        and isinstance(position.get("ended"), list)
+        and all(type(w) is int and 0 <= w < workers for w in position["ended"])
+        and type(position.get("next")) is int
+        and 0 <= position["next"] < workers
+        and type(position.get("rows")) is int
+        and position["rows"] >= 0
+    )
+    if not ok:
+        raise CheckpointError(
+            f"The checkpoint's position of {name} (worker_states) is damaged: it names no state for each of the "
+            f"{workers} loader workers; resume from another checkpoint."
+        )
+    return position
+
+
+def _checked_state(tagged: Tagged, name: str) -> Tagged:
+    """``tagged``, its state checked to be what JSON holds (the manifest records it)."""
+    try:
+        json.dumps(tagged.state)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"{name}.state_dict() returned what JSON cannot hold ({error}); a stream's state is recorded in the "
+            "checkpoint's manifest, so return numbers, strings, lists and dicts."
+        ) from None
+    return tagged
+
+
+class _WorkerPasses:
+    """What both loaders below share: a pass of the workers from a position, with the position after each batch."""
+
+    _stream_key = "worker_states"
+    dataset: WorkerStream
+    num_workers: int
+
+    @property
+    def _stream(self) -> Any:
+        return self.dataset.dataset
+
+    def _tracks_stream(self) -> bool:
+        """Whether the workers' states are recorded: a stream with state, in workers that start anew each pass
+        (persistent workers keep the copies of their first pass, which a resumed position cannot reach)."""
+        return stateful(self._stream) and not self.persistent_workers
+
+    def _pieces(self, start: dict[str, Any] | None) -> tuple[WorkerRouter, Iterator[Piece]]:
+        stream, name = self.dataset, type(self.dataset.dataset).__name__
+        stream.tracked = self._tracks_stream()
+        if start is not None:
+            start = checked_position(start, self.num_workers, name)
+        stream.resume = None if start is None else start["workers"]
+        stream.ended = frozenset(() if start is None else start["ended"])
+        tagged = DataLoader.__iter__(self)  # the workers start here
+        if stream.tracked:
+            tagged = (_checked_state(t, name) for t in tagged)
+        router = WorkerRouter(tagged, self.num_workers, start)
+        return router, iter(router)
+
+
+class WorkerStreamLoader(_WorkerPasses, PreparedDataLoader):
+    """One process's loader of a stream its workers read: the plain loader's batches, in its order."""
+
+    def _pass(self, skip: int) -> Iterator[Any]:
+        self.dataset.set_epoch(self.iteration)
+        tracked = self._tracks_stream()
+        start = self._take_stream_state(self._stream, skip, tracked)
+        router, pieces = self._pieces(start)
+        batches = ((piece.batch, router.position()) for piece in pieces)
+        if skip and start is None:  # no state saved: read past what was seen
+            batches = _after_rows(batches, skip)
+        for batch, position in self._flag_last(((self._to_device(b), p) for b, p in batches), lambda: None):
+            self._stream_state = position if tracked else None
+            yield batch
+
+
+class DispatchedWorkerLoader(_WorkerPasses, DispatchedDataLoader):
+    """Rank 0's workers read the stream, each its own part; its global batches are cut from their batches in turn."""
+
+    def _global_stream(self, skip: int, state: Any, tracked: bool) -> tuple[Any, Iterator[tuple[Any, Any]]]:
+        size = self.sharding.global_batch_size
+        head = None
+        if state is not None and self.sharding.even_batches:  # the epoch's first global batch pads its last
+            fresh = self._global_batches(None)
+            head = next(fresh, (None, None))[0]
+            fresh.close()  # its workers stop
+        stream = self._global_batches(state)
+        if state is None:
+            first = next(stream, None)
+            if first is None:
+                return None, iter(())
+            head = first[0]
+            stream = itertools.islice(itertools.chain([first], stream), skip // size, None)
+        return head, stream
+
+    def _global_batches(self, start: dict[str, Any] | None) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """Global batches cut from the workers' batches in turn, each with the position after it."""
+        size = self.sharding.global_batch_size
+        router, pieces = self._pieces(start)
+        pending: list[Piece] = []
+        count = 0
+        for piece in pieces:
+            pending.append(piece)
+            count += batch_rows(piece.batch)
+            while count >= size:
+                taken, pending, count = _cut(pending, size), _rest(pending, size), count - size
+                yield taken, (_resumes_at(pending[0]) if pending else router.position())
+        if pending:
+            yield _joined([piece.batch for piece in pending]), router.position()
+
+
+def _cut(pieces: list[Piece], size: int) -> Any:
+    """The first ``size`` rows of ``pieces``, as one batch."""
+    parts, needed = [], size
+    for piece in pieces:
+        rows = batch_rows(piece.batch)
+        parts.append(piece.batch if rows <= needed else slice_rows(piece.batch, 0, needed))
+        needed -= min(rows, needed)
+        if not needed:
+            break
+    return _joined(parts)
+
+
+def _rest(pieces: list[Piece], size: int) -> list[Piece]:
+    """``pieces`` after their first ``size`` rows."""
+    for index, piece in enumerate(pieces):
+        rows = batch_rows(piece.batch)
+        if rows > size:
+            left = Piece(slice_rows(piece.batch, size, rows), piece.before, piece.offset + size)
+            return [left, *pieces[index + 1 :]]
+        size -= rows
+    return []
+
+
+def _resumes_at(piece: Piece) -> dict[str, Any]:
+    """The position that continues with ``piece``: its worker's batch again, less the rows before it."""
+    return {**piece.before, "rows": piece.offset}
+
+
+def _joined(parts: list[Any]) -> Any:
+    joined = parts[0]
+    for part in parts[1:]:
+        joined = concat_rows(joined, part)
+    return joined
+
+
+def _after_rows(batches: Iterator[tuple[Any, Any]], skip: int) -> Iterator[tuple[Any, Any]]:
+    """``batches`` without their first ``skip`` rows."""
+    for batch, position in batches:
+        rows = batch_rows(batch)
+        if skip >= rows:
+            skip -= rows
+            continue
+        yield (slice_rows(batch, skip, rows) if skip else batch), position
+        skip = 0
