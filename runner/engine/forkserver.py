@@ -53,6 +53,10 @@ def _run_in_launch_environment(function: Callable[..., Any], launched: Mapping[s
     set_for_this_rank = {name: value for name, value in os.environ.items() if _ENVIRONMENT_AT_IMPORT.get(name) != value}
     os.environ.clear()
     os.environ.update({**launched, **set_for_this_rank})
+    # multiprocessing's start method is the server's (forkserver), which a spawned worker would inherit too; a worker
+    # of torchrun's (a fresh process) has the platform's: its DataLoader workers start as in a plain script (fork on
+    # Linux), not from this server, which would unpickle the dataset and import its modules in each of them, each pass.
+    multiprocessing.set_start_method(None, force=True)
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdecimal() and int(threads) > 0 and "torch" in sys.modules:
         # The server's torch sized its thread pool from the server's environment when it was imported; a

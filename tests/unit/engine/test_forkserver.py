@@ -1,7 +1,9 @@
 """Workers forked from the preloaded server run in the launching process's environment of the launch."""
 
+import multiprocessing
 import os
 import pickle
+import sys
 
 from runner.engine import forkserver
 
@@ -28,3 +30,12 @@ def test_the_entry_is_named_after_the_function_and_pickles_with_the_environment_
     assert entry.__name__ == "_environment"  # torch's agent names the job after it
     restored = pickle.loads(pickle.dumps(entry))  # how the agent hands it to the server
     assert restored.args[1]["RUNNER_TEST_LAUNCH"] == "at the call"
+
+
+def test_a_forked_worker_starts_its_own_processes_as_a_fresh_process_would(monkeypatch):
+    # The server's start method is forkserver, and a worker forked from it inherits it; its DataLoader workers
+    # would then start from the server, each unpickling the dataset and importing its modules, every pass.
+    default = multiprocessing.context._default_context
+    monkeypatch.setattr(default, "_actual_context", multiprocessing.get_context("forkserver"))
+    forkserver._run_in_launch_environment(_environment, dict(os.environ))
+    assert multiprocessing.get_start_method() == ("forkserver" if sys.version_info >= (3, 14) else "fork")
