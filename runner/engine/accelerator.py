@@ -872,8 +872,8 @@ class Accelerator:
 
     def end_training(self) -> None:
         """Wait for a pending checkpoint commit and for the trackers to take everything logged, close them,
-        and wait for every process."""
-        self.wait_for_checkpoint()
+        free the host memory asynchronous saves keep for their copies, and wait for every process."""
+        self._checkpointer.release()
         self._tracker_thread.close()
         self.wait_for_everyone()
 

@@ -19,6 +19,7 @@ the failure is raised on every rank by the next ``save_state``, ``load_state``,
 from __future__ import annotations
 
 import copy
+import logging
 import shutil
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -36,6 +37,8 @@ from runner.engine.checkpoint_folders import failure_reason
 from runner.engine.manifest import CheckpointError
 from runner.files import sync_tree
 
+logger = logging.getLogger("runner")
+
 
 def _distributed() -> bool:
     import torch.distributed as dist
@@ -45,12 +48,21 @@ def _distributed() -> bool:
 
 class HostCopier:
     """Copies of tensors in host memory (pinned when they come from CUDA), one per distinct tensor view, so
-    tied weights stay tied; other values are deep-copied. :meth:`finish` waits for the copies from the GPU."""
+    tied weights stay tied; other values are deep-copied. :meth:`finish` waits for the copies from the GPU.
 
-    def __init__(self) -> None:
+    ``kept`` holds the host buffers of the last save, by source view: a tensor that is still there (a parameter,
+    an optimizer moment) is copied into its buffer again, one copy and no allocation (as DCP's cached stager
+    does), and a tensor made anew for each save (an RNG state) into a free buffer of its shape and dtype;
+    :meth:`finish` keeps this save's buffers there, and only those. The buffers are free to reuse once the save
+    that filled them is written: every save waits for the one before it.
+    """
+
+    def __init__(self, kept: dict[tuple, torch.Tensor] | None = None) -> None:
         # Each copy beside its source: while the source lives, no tensor made later can take its address
         # (and so its key); a state_dict() that makes its tensors anew frees them once they are copied.
         self._copies: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._kept = {} if kept is None else kept
+        self._taken: set[int] = set()  # the kept buffers this save has filled, by id
         self._gpus: set[torch.device] = set()
 
     def copy(self, value: Any) -> Any:
@@ -73,20 +85,33 @@ class HostCopier:
             tensor.dtype, tensor.device,
         )  # fmt: skip
         if key not in self._copies:
-            if tensor.device.type == "cuda":
-                host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-                host.copy_(tensor, non_blocking=True)
+            on_gpu = tensor.device.type == "cuda"
+            host = self._buffer(key, tensor.shape, tensor.dtype, on_gpu)
+            host.copy_(tensor, non_blocking=on_gpu)
+            if on_gpu:
                 self._gpus.add(tensor.device)
-            else:
-                host = tensor.to("cpu", copy=True, memory_format=torch.contiguous_format)
             self._copies[key] = (tensor, host)
         return self._copies[key][1]
+
+    def _buffer(self, key: tuple, shape: torch.Size, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+        """A kept buffer for the source ``key`` (its own, else a free one that fits), or a new one."""
+        host = self._kept.get(key)
+        if host is None or id(host) in self._taken:
+            free = (h for h in self._kept.values() if id(h) not in self._taken)
+            host = next((h for h in free if h.shape == shape and h.dtype == dtype and h.is_pinned() == pinned), None)
+        if host is None:
+            host = torch.empty(shape, dtype=dtype, pin_memory=pinned)
+        self._taken.add(id(host))
+        return host
 
     def finish(self) -> None:
         for device in self._gpus:
             torch.cuda.synchronize(device)
         self._gpus.clear()
+        self._kept.clear()
+        self._kept.update((key, host) for key, (_, host) in self._copies.items())
         self._copies.clear()
+        self._taken.clear()
 
 
 @dataclass
@@ -97,6 +122,7 @@ class Snapshot:
     path: Path
     groups: Callable[[int], Any]  # the process group for the i-th DCP save (each has its own upload thread)
     copier: HostCopier = field(default_factory=HostCopier)
+    stagers: Callable[[int, bool], Any] | None = None  # the i-th DCP save's stager, kept between saves
     pending: list[tuple[str, str, Any]] = field(default_factory=list)
     sharded: list[tuple[str, Future]] = field(default_factory=list)
 
@@ -110,14 +136,20 @@ class Snapshot:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        # DCP's stager copies the shards to host memory (pinned under CUDA) before async_save returns.
+        # DCP's stager copies the shards to host memory (pinned under CUDA) before async_save returns; one kept
+        # between saves copies into the host storages of the last (it caches them by source storage).
         on_gpu = any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in _leaves(state))
-        stager = DefaultStager(StagingOptions(on_gpu, False, False, False))
-        group = self.groups(len(self.sharded)) if _distributed() else None
+        index = len(self.sharded)
+        if self.stagers is not None:
+            stager = self.stagers(index, on_gpu)
+        else:
+            stager = DefaultStager(StagingOptions(on_gpu, False, False, False))
+        group = self.groups(index) if _distributed() else None
         future = dcp.async_save(
             state, checkpoint_id=self.path / name, process_group=group, async_stager=stager, no_dist=group is None
         )
-        future.add_done_callback(lambda _: stager.close())
+        if self.stagers is None:
+            future.add_done_callback(lambda _: stager.close())
         self.sharded.append((name, future))
 
     def write(self, staging: StagingFolder) -> None:
@@ -221,6 +253,43 @@ class BackgroundSaves:
     def __init__(self) -> None:
         self._thread: ThreadPoolExecutor | None = None
         self._groups: list[Any] = []
+        self.kept: dict[tuple, torch.Tensor] = {}  # the last save's host copies (HostCopier), reused by the next
+        self._stagers: dict[int, Any] = {}  # the DCP saves' stagers, by folder, with their cached host storages
+        self._reported = 0
+
+    def snapshot(self, path: Path, prepared: Any) -> Snapshot:
+        """The writer of a save of ``prepared`` into ``path``, copying into the buffers of the last save."""
+        return Snapshot(path, groups=self.groups(prepared), copier=HostCopier(self.kept), stagers=self._stager)
+
+    def _stager(self, index: int, on_gpu: bool) -> Any:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if index not in self._stagers:
+            self._stagers[index] = DefaultStager(StagingOptions(on_gpu, False, False, False))
+        return self._stagers[index]
+
+    def kept_bytes(self) -> int:
+        """Host memory the copies of the last save hold (DCP's staged shards not counted: DCP keeps them)."""
+        return sum(tensor.numel() * tensor.element_size() for tensor in self.kept.values())
+
+    def report(self) -> None:
+        """Say how much host memory the copies keep between saves, when it changes."""
+        kept = self.kept_bytes()
+        if kept != self._reported:
+            self._reported = kept
+            logger.info(
+                "Asynchronous saves keep %.1f MB of host memory for their copies of the state between saves (one "
+                "copy per save, no allocation); end_training() frees it.",
+                kept / 1e6,
+            )
+
+    def release(self) -> None:
+        """Free the kept host copies and the DCP stagers' (the next save allocates anew)."""
+        self.kept.clear()
+        for stager in self._stagers.values():
+            stager.close()
+        self._stagers.clear()
+        self._reported = 0
 
     def group(self, index: int) -> Any:
         """The ``index``-th process group of the background saves (0: the commit's; 1, 2, ...: DCP's)."""

@@ -148,7 +148,7 @@ def save_training_state(
     rank = prepared.env.rank
     staging, writer = StagingFolder(staging_dir(target)), None
     if background is not None:
-        writer = Snapshot(staging.path, groups=background.groups(prepared))
+        writer = background.snapshot(staging.path, prepared)
     entries = _write_staging(
         staging, target, prepared, writer=writer, models=models, weights=weights, mid_cycle=mid_cycle,
         before_write=before_write, checksum=checksum,
@@ -165,6 +165,8 @@ def save_training_state(
         "entries": entries,
     }
     if background is not None:
+        if rank == 0:
+            background.report()
         saving = partial(write_in_background, writer, staging, target, rank=rank, group=background.group(0))
         return background.submit(partial(saving, record=record, after_commit=after_commit))
     commit = partial(_commit, staging.path, target, record=record, after_commit=after_commit)
@@ -349,6 +351,11 @@ class Checkpointer:
         if project.automatic_checkpoint_naming:
             project.iteration += 1
         return target
+
+    def release(self) -> None:
+        """Wait for the last save, then free the host memory asynchronous saves keep for their copies."""
+        self.wait()
+        self._background.release()
 
     def wait(self) -> None:
         """Wait for the last save's background work; raise its failure on every rank alike.

@@ -123,10 +123,15 @@ def _fsdp_async_save_then_load(directory):
     changed = _fsdp_state(accelerator, model, optimizer)
     release.set()
     accelerator.wait_for_checkpoint()
+    # a second save stages into the host storages of the first (its DCP stagers are kept), once that is written
+    accelerator.save_state(directory + "_second", async_save=True)
+    accelerator.end_training()
 
     fresh = Accelerator(fsdp_plugin=_plugin())
     model = small_model(seed=1)  # other initial weights: the checkpoint must overwrite them
     model, optimizer = fresh.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    fresh.load_state(directory + "_second")
+    second = _fsdp_state(fresh, model, optimizer)
     fresh.load_state(directory)
     restored_rand = torch.rand(3)
     restored = _fsdp_state(fresh, model, optimizer)
@@ -136,6 +141,7 @@ def _fsdp_async_save_then_load(directory):
         "at_save": at_save,
         "changed": changed,
         "restored": restored,
+        "second": second,
     }
 
 
@@ -147,13 +153,16 @@ def test_fsdp_async_save_through_dcp_restores_the_shards_as_they_were_at_the_sav
         assert name in manifest["files"], name
     assert not (tmp_path / "ck.incomplete").exists()
     for result in (rank0, rank1):
-        assert result["gated_writes"] == 2  # the model's and the optimizer's DCP saves
+        assert result["gated_writes"] == 4  # the model's and the optimizer's DCP saves, twice
         assert torch.equal(*result["rand"])
         at_save, restored = result["at_save"], result["restored"]
         assert at_save["shards"].keys() == restored["shards"].keys() == {"0.weight", "0.bias", "2.weight", "2.bias"}
         for key, value in at_save["shards"].items():
             assert torch.equal(value, restored["shards"][key]), key
+            assert torch.equal(result["changed"]["shards"][key], result["second"]["shards"][key]), key
+            assert value.numel() == 0 or not torch.equal(value, result["second"]["shards"][key]), key  # a step later
         assert torch.equal(at_save["exp_avg"], restored["exp_avg"])
+        assert torch.equal(result["changed"]["exp_avg"], result["second"]["exp_avg"])
     assert rank1["restored"]["weights"] == {}  # the full state dict is gathered to the main process only
     weights = rank0["at_save"]["weights"]
     assert weights.keys() == rank0["restored"]["weights"].keys() == {"0.weight", "0.bias", "2.weight", "2.bias"}

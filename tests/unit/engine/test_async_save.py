@@ -254,7 +254,7 @@ def test_total_limit_rotates_only_once_the_background_save_is_committed(tmp_path
     read_manifest(tmp_path / "checkpoints" / "checkpoint_1", verify_checksums=True)
 
 
-def test_a_second_save_waits_until_the_first_is_committed(tmp_path, monkeypatch):
+def test_a_second_save_waits_until_the_first_is_committed(tmp_path, monkeypatch, caplog):
     accelerator, model, optimizer = limited_run(tmp_path, total_limit=None)
     events: list[tuple[str, str]] = []
     written: list[str] = []
@@ -273,7 +273,14 @@ def test_a_second_save_waits_until_the_first_is_committed(tmp_path, monkeypatch)
     monkeypatch.setattr(async_checkpoints.Snapshot, "save_tensors", recorded_copy)
     monkeypatch.setattr(async_checkpoints, "commit_folder", recorded_commit)
 
-    accelerator.save_state(async_save=True)
+    with caplog.at_level("INFO", logger="runner"):
+        accelerator.save_state(async_save=True)
+    kept = accelerator._checkpointer._background.kept  # the first save's host copies, kept for the next
+    buffers = {key: tensor.data_ptr() for key, tensor in kept.items()}
+    parameters = list(model.parameters())
+    assert len(buffers) >= len(parameters) and sum(t.numel() * t.element_size() for t in kept.values()) >= sum(
+        t.numel() * t.element_size() for t in parameters
+    )
     with torch.no_grad():
         model[0].weight.add_(1)
     second_weights = {k: v.clone() for k, v in accelerator.get_state_dict(model).items()}
@@ -282,8 +289,18 @@ def test_a_second_save_waits_until_the_first_is_committed(tmp_path, monkeypatch)
     started = time.monotonic()
     accelerator.save_state(async_save=True)  # blocks until the first save is committed
     assert time.monotonic() - started >= 0.4
+    # copied into the same buffers, none allocated: the weights' by their source, the RNG states (made anew by
+    # each save) into the free buffer of their shape
+    assert sorted(tensor.data_ptr() for tensor in kept.values()) == sorted(buffers.values())
+    assert all(kept[key].data_ptr() == pointer for key, pointer in buffers.items() if key in kept)
     accelerator.wait_for_checkpoint()
     releaser.join()
+    said = [r.getMessage() for r in caplog.records if "host memory" in r.getMessage()]
+    assert said == [
+        f"Asynchronous saves keep {sum(t.numel() * t.element_size() for t in kept.values()) / 1e6:.1f} MB of host "
+        "memory for their copies of the state between saves (one copy per save, no allocation); end_training() "
+        "frees it."
+    ]  # once: the second save kept as much
 
     assert events == [
         ("copy", "checkpoint_0.incomplete"),
@@ -296,7 +313,9 @@ def test_a_second_save_waits_until_the_first_is_committed(tmp_path, monkeypatch)
     first = load_file(tmp_path / "checkpoints" / "checkpoint_0" / "model.safetensors")
     second = load_file(tmp_path / "checkpoints" / "checkpoint_1" / "model.safetensors")
     assert torch.equal(second["0.weight"], second_weights["0.weight"])
-    assert torch.equal(first["0.weight"] + 1, second["0.weight"])
+    assert torch.equal(first["0.weight"] + 1, second["0.weight"])  # written before its buffers took the second
+    accelerator.end_training()
+    assert kept == {}
 
 
 KILLED_SCRIPT = textwrap.dedent(
