@@ -24,7 +24,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset
 
-from runner.engine.dispatch import stateful
+from runner.engine.data.dispatch import stateful
 
 EXHAUSTED = ("stop", "restart", "drop")
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from runner.engine.dispatch import stateful
+from runner.engine.data.dispatch import stateful
 
 
 class Packed(IterableDataset):

@@ -20,8 +20,8 @@ from runner.engine.checkpoint import Checkpointer, is_stateful
 from runner.engine.checkpoint_folders import ProjectConfiguration
 from runner.engine.constants import MIXED_PRECISION_ENV
 from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader
+from runner.engine.data.loaders import prepare_data_loader
 from runner.engine.distributed import AcceleratorState, DistributedType, barrier, init_process_group, read_environment
-from runner.engine.loaders import prepare_data_loader
 from runner.engine.memory import release_memory
 from runner.engine.optimizer import (
     AcceleratedOptimizer,

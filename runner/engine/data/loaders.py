@@ -1,7 +1,7 @@
 """``prepare`` for a DataLoader: rebuild it over this rank's shard, as a map-style, streamed or dispatched loader.
 
-:mod:`runner.engine.sampling` holds the sharding arithmetic and the samplers, :mod:`runner.engine.data` the
-map-style loader, :mod:`runner.engine.dispatch` the loaders for streams and for batches rank 0 loads; this module
+:mod:`runner.engine.data.sampling` holds the sharding arithmetic and the samplers, :mod:`runner.engine.data.loader` the
+map-style loader, :mod:`runner.engine.data.dispatch` the loaders for streams and for batches rank 0 loads; this module
 chooses between them.
 """
 
@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from runner.engine import dispatch, worker_streams
-from runner.engine.batch_shards import BatchSamplerShard
-from runner.engine.data import BatchShardedDataLoader, DataLoaderConfiguration, PreparedDataLoader
-from runner.engine.sampling import (
+from runner.engine.data import dispatch, worker_streams
+from runner.engine.data.batch_shards import BatchSamplerShard
+from runner.engine.data.loader import BatchShardedDataLoader, DataLoaderConfiguration, PreparedDataLoader
+from runner.engine.data.sampling import (
     PlainShuffle,
     SeedableRandomSampler,
     ShardedBatchSampler,
@@ -68,7 +68,7 @@ def prepare_data_loader(
             (``batch_size`` set, or a ``batch_sampler``), or over a map-style dataset with a
             ``BatchSampler`` as its ``sampler`` and ``batch_size=None``. A batch sampler other than
             torch's own keeps its batches whole: each rank gets its share of them (see
-            :class:`~runner.engine.batch_shards.BatchSamplerShard`).
+            :class:`~runner.engine.data.batch_shards.BatchSamplerShard`).
         device: Where batches are moved, or None to leave them where the loader puts them.
         broadcast_seed: Makes rank 0's shuffle seed everyone's (a collective when distributed).
         share: Makes rank 0's value (a generator's state, a seed) everyone's, as each pass begins
@@ -223,7 +223,7 @@ def _workers_keep_state(options: dict[str, Any], dataloader: DataLoader) -> bool
 def _worker_stream_loader(
     dataloader: DataLoader, *, dispatched: bool, comm_device: torch.device | None, **common: Any
 ) -> PreparedDataLoader:
-    """A loader whose workers each read their part of a stream with state (:mod:`runner.engine.worker_streams`):
+    """A loader whose workers each read their part of a stream with state (:mod:`runner.engine.data.worker_streams`):
     on one process, the plain loader's batches; on several, rank 0's global batches, dispatched."""
     sharding = common["sharding"]
     size = sharding.global_batch_size if dispatched else sharding.per_process

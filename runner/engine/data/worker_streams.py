@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from runner.engine.data import PreparedDataLoader
-from runner.engine.dispatch import DispatchedDataLoader, batch_rows, concat_rows, slice_rows, stateful
+from runner.engine.data.dispatch import DispatchedDataLoader, batch_rows, concat_rows, slice_rows, stateful
+from runner.engine.data.loader import PreparedDataLoader
 from runner.engine.manifest import CheckpointError
 
 

@@ -1,12 +1,12 @@
 """Sharded data loading: distinct samples per rank, seeded shuffling, even batch counts.
 
-How each global batch is split across ranks, shuffled and seeded is :mod:`runner.engine.sampling`
+How each global batch is split across ranks, shuffled and seeded is :mod:`runner.engine.data.sampling`
 (its names are importable from here too). This module holds the loader those samplers feed: it
 moves batches to the device, counts each pass's batches so the Accelerator knows when an epoch
 ends, and records its position for ``save_state``.
 
 Map-style datasets are sharded by index (each rank loads only its samples). Iterable datasets, and
-any dataset with ``dispatch_batches``, go through :mod:`runner.engine.dispatch`, with the same
+any dataset with ``dispatch_batches``, go through :mod:`runner.engine.data.dispatch`, with the same
 global batches, padding and positions.
 """
 
@@ -20,10 +20,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from runner.engine.batch_shards import BatchSamplerShard
-from runner.engine.manifest import CheckpointError
-from runner.engine.ops import send_to_device
-from runner.engine.sampling import (
+from runner.engine.data.batch_shards import BatchSamplerShard
+from runner.engine.data.sampling import (
     PlainShuffle,
     SeedableRandomSampler,
     SeededBatch,
@@ -33,6 +31,8 @@ from runner.engine.sampling import (
     seed_generators,
     seeded_worker_init_fn,
 )
+from runner.engine.manifest import CheckpointError
+from runner.engine.ops import send_to_device
 
 logger = logging.getLogger("runner")
 

@@ -6,7 +6,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from runner.engine import Accelerator
 from runner.engine.data import DataLoaderConfiguration, Sharding
-from runner.engine.dispatch import (
+from runner.engine.data.dispatch import (
     IterableDatasetShard,
     batch_rows,
     concat_rows,
@@ -14,7 +14,7 @@ from runner.engine.dispatch import (
     slice_rows,
     take_rows,
 )
-from runner.engine.loaders import prepare_data_loader
+from runner.engine.data.loaders import prepare_data_loader
 from runner.engine.optimizer import GradientAccumulationPlugin, GradientState
 from tests.helpers import StatefulRange
 

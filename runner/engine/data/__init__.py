@@ -1,0 +1,45 @@
+"""The engine's data room: how ``prepare`` makes a DataLoader hand each rank its share of every global batch,
+and where a loader keeps its position in the data.
+
+- :mod:`~runner.engine.data.sampling`: the sharding arithmetic (global batches, padding) and the seeded
+  samplers and shuffles.
+- :mod:`~runner.engine.data.batch_shards`: a user's batch sampler, sharded by whole batches.
+- :mod:`~runner.engine.data.loader`: the prepared loader, its configuration and its position (``state_dict``).
+- :mod:`~runner.engine.data.dispatch`: streams read on each rank, and batches rank 0 loads and sends.
+- :mod:`~runner.engine.data.worker_streams`: streams read by loader workers, each its part, a state for each.
+- :mod:`~runner.engine.data.loaders`: ``prepare_data_loader``, which picks one of them.
+
+It may import torch, :mod:`runner.engine.ops` (moving batches to a device) and :mod:`runner.engine.manifest`'s
+``CheckpointError`` (a saved position this loader cannot continue); nothing else of the engine. The names
+below are the loader module's, importable from here as before.
+"""
+
+from runner.engine.data.loader import (
+    BatchSamplerShard,
+    BatchShardedDataLoader,
+    DataLoaderConfiguration,
+    PlainShuffle,
+    PreparedDataLoader,
+    SeedableRandomSampler,
+    SeededBatch,
+    ShardedBatchSampler,
+    Sharding,
+    batch_seed,
+    seed_generators,
+    seeded_worker_init_fn,
+)
+
+__all__ = [
+    "BatchSamplerShard",
+    "BatchShardedDataLoader",
+    "DataLoaderConfiguration",
+    "PlainShuffle",
+    "PreparedDataLoader",
+    "SeedableRandomSampler",
+    "SeededBatch",
+    "ShardedBatchSampler",
+    "Sharding",
+    "batch_seed",
+    "seed_generators",
+    "seeded_worker_init_fn",
+]
