@@ -54,8 +54,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from runner.engine import Accelerator
-from runner.engine import checkpoint_loading as loading
-from runner.engine import manifest as manifests
+from runner.engine.checkpoint import loading
+from runner.engine.checkpoint import manifest as manifests
 from runner.engine.constants import MANIFEST_NAME
 from runner.engine.environment import patch_environment
 from runner.engine.launchers import debug_launcher

@@ -208,7 +208,7 @@ def resumable_run(
         GradScalerKwargs,
         ProjectConfiguration,
     )
-    from runner.engine.sharded_state import gather_full
+    from runner.engine.checkpoint.sharded_state import gather_full
 
     accelerator = Accelerator(
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=seedable),

@@ -95,9 +95,9 @@ def export(
     """
     import torch
 
-    from runner.engine.manifest import CheckpointError
-    from runner.engine.model_weights import checkpoint_model_state, find_checkpoint
-    from runner.engine.serialization import parse_size, save_model_files
+    from runner.engine.checkpoint.manifest import CheckpointError
+    from runner.engine.checkpoint.model_weights import checkpoint_model_state, find_checkpoint
+    from runner.engine.checkpoint.serialization import parse_size, save_model_files
 
     destination = _destination(Path(to))
     try:

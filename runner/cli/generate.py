@@ -107,7 +107,7 @@ def generate(
     from omegaconf import OmegaConf
 
     from runner.config import ConfigError
-    from runner.engine.manifest import CheckpointError
+    from runner.engine.checkpoint.manifest import CheckpointError
 
     try:
         torch_device = torch.device(device)
@@ -150,7 +150,7 @@ def _run(folder: str, *, trust: bool):
     """The run's config (trust-checked, as resume checks it) and the folder of the weights to load."""
     from omegaconf import OmegaConf
 
-    from runner.engine.model_weights import find_checkpoint
+    from runner.engine.checkpoint.model_weights import find_checkpoint
     from runner.layout import CONFIG_FILE, MODEL_DIR
     from runner.provenance import check_resumable
 

@@ -138,7 +138,7 @@ def _check_intact(checkpoint: Path, path: str, *, verify_checksums: bool, verifi
     """Refuse a damaged checkpoint, or one not written by the runner. Once its files are verified here
     (``verify_checksums``, or ``verified`` already), the workers this process starts do not hash them again."""
     from runner.engine.checkpoint import CheckpointError, read_manifest
-    from runner.engine.manifest import mark_verified
+    from runner.engine.checkpoint.manifest import mark_verified
 
     try:
         manifest = read_manifest(checkpoint, verify_checksums=verify_checksums)

@@ -9,6 +9,7 @@ its imports (``accelerate`` -> ``runner.engine``, ``accelerate.utils`` -> ``runn
 
 from runner.engine.accelerator import Accelerator
 from runner.engine.checkpoint import CheckpointError, ProjectConfiguration
+from runner.engine.checkpoint.serialization import load_checkpoint_in_model
 from runner.engine.data import DataLoaderConfiguration
 from runner.engine.distributed import DistributedType
 from runner.engine.launchers import debug_launcher, notebook_launcher
@@ -23,7 +24,6 @@ from runner.engine.parallel import (
 )
 from runner.engine.precision import AutocastKwargs, GradScalerKwargs
 from runner.engine.rng import set_seed
-from runner.engine.serialization import load_checkpoint_in_model
 from runner.engine.tracking import GeneralTracker, register_tracker_class
 
 __all__ = [

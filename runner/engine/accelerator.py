@@ -16,8 +16,9 @@ from torch.utils.data import DataLoader
 from torch.utils.hooks import RemovableHandle
 
 from runner.engine import ops
-from runner.engine.checkpoint import Checkpointer, is_stateful
-from runner.engine.checkpoint_folders import ProjectConfiguration
+from runner.engine.checkpoint.checkpointer import Checkpointer, is_stateful
+from runner.engine.checkpoint.folders import ProjectConfiguration
+from runner.engine.checkpoint.serialization import save_model_files, save_safetensors
 from runner.engine.constants import MIXED_PRECISION_ENV
 from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader
 from runner.engine.data.loaders import prepare_data_loader
@@ -47,7 +48,6 @@ from runner.engine.precision import (
 )
 from runner.engine.prepared import PreparedObjects
 from runner.engine.rng import synchronize_rng_states
-from runner.engine.serialization import save_model_files, save_safetensors
 from runner.engine.tracker_process import TrackerProcess
 from runner.engine.tracker_process import available as tracker_process_available
 from runner.engine.tracker_thread import TrackerThread
@@ -747,7 +747,7 @@ class Accelerator:
         and ``i`` advances after each save (past any folder already there, with a warning: nothing
         is overwritten); ``total_limit`` then keeps the newest checkpoints. The folder appears only
         once complete. Every process must call this. With ``ProjectConfiguration(save_on_each_node=True)``
-        each node keeps its own copy, on its own disk (see :mod:`runner.engine.node_local_checkpoints`).
+        each node keeps its own copy, on its own disk (see :mod:`runner.engine.checkpoint.node_local`).
 
         Args:
             output_dir: The folder to write (ignored under automatic naming). A folder that holds
@@ -757,7 +757,7 @@ class Accelerator:
             async_save: Return once the state is copied to host memory (pinned under CUDA); every
                 rank writes and hashes its files, and rank 0 writes the manifest, syncs and commits,
                 in background threads while training goes on (FSDP's shards through
-                ``torch.distributed.checkpoint.async_save``). See :mod:`runner.engine.async_checkpoints`.
+                ``torch.distributed.checkpoint.async_save``). See :mod:`runner.engine.checkpoint.async_saves`.
             async_commit: Return once every rank's files are written and hashed; rank 0 writes the
                 manifest and commits in a background thread. With either, the folder still appears
                 only once complete, and the next ``save_state``, ``load_state``,

@@ -29,7 +29,7 @@ USE_CPU_ENV = "RUNNER_USE_CPU"
 DEBUG_MODE_ENV = "RUNNER_DEBUG_MODE"
 ACCELERATE_DEBUG_MODE_ENV = "ACCELERATE_DEBUG_MODE"
 # "<manifest digest>:<checkpoint folder>": the launching process verified that checkpoint's files,
-# and the workers it starts load it without hashing them again (runner.engine.manifest.mark_verified).
+# and the workers it starts load it without hashing them again (runner.engine.checkpoint.manifest.mark_verified).
 VERIFIED_CHECKPOINT_ENV = "RUNNER_VERIFIED_CHECKPOINT"
 
 

@@ -1,6 +1,7 @@
 """Accelerate's ``accelerate.utils`` names, so ``from accelerate.utils import X`` ports by renaming."""
 
 from runner.engine.checkpoint import ProjectConfiguration
+from runner.engine.checkpoint.serialization import load_checkpoint_in_model
 from runner.engine.data import DataLoaderConfiguration
 from runner.engine.distributed import DistributedType
 from runner.engine.environment import patch_environment
@@ -40,7 +41,6 @@ from runner.engine.parallel import (
 )
 from runner.engine.precision import AutocastKwargs, GradScalerKwargs, PrecisionType
 from runner.engine.rng import set_seed, synchronize_rng_states
-from runner.engine.serialization import load_checkpoint_in_model
 
 __all__ = [
     "AutocastKwargs",

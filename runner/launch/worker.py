@@ -161,7 +161,7 @@ def _newest_checkpoint(project_dir: str, accelerator) -> Path | None:
     """The run's newest intact checkpoint (damaged newer ones are skipped with a warning), verified by the
     ranks together, each a share of its files (a collective); its load does not hash them again."""
     from runner.engine.checkpoint import checkpoints_dir
-    from runner.engine.checkpoint_loading import newest_verified_checkpoint
+    from runner.engine.checkpoint.loading import newest_verified_checkpoint
 
     newest, skipped = newest_verified_checkpoint(checkpoints_dir(project_dir), accelerator.state)
     for checkpoint, error in skipped:

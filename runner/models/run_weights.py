@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from runner.engine.manifest import CheckpointError
-from runner.engine.model_weights import read_model_weights
+from runner.engine.checkpoint.manifest import CheckpointError
+from runner.engine.checkpoint.model_weights import read_model_weights
 
 
 def from_run(source: str | os.PathLike, model: nn.Module, strict: bool = True, **given) -> nn.Module:

@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from runner.engine import Accelerator, CheckpointError, FullyShardedDataParallelPlugin
-from runner.engine.manifest import read_manifest
-from runner.engine.sharded_state import gather_full
+from runner.engine.checkpoint.manifest import read_manifest
+from runner.engine.checkpoint.sharded_state import gather_full
 from tests.helpers import assert_same_optimizer_state, checkpointed_run, small_model, train_steps
 
 
@@ -32,7 +32,7 @@ def _gated(owner, name: str, release: threading.Event) -> list[bool]:
 
 
 def _async_save_then_load(project_dir):
-    from runner.engine import checkpoint_files
+    from runner.engine.checkpoint import files as checkpoint_files
 
     accelerator, model, optimizer, train_loader, scheduler = checkpointed_run(project_dir)
     torch.manual_seed(100 + accelerator.process_index)  # each rank draws its own stream from here
@@ -173,7 +173,7 @@ def test_fsdp_async_save_through_dcp_restores_the_shards_as_they_were_at_the_sav
 
 
 def _one_rank_runs_out_of_space_in_the_background(directory):
-    from runner.engine import checkpoint_files
+    from runner.engine.checkpoint import files as checkpoint_files
 
     accelerator = Accelerator()
     model = accelerator.prepare(torch.nn.Linear(4, 4))
@@ -219,7 +219,7 @@ def test_a_background_write_failing_on_one_rank_fails_on_both_and_commits_nothin
 def _failures_off_the_happy_path(project_dir):
     """A disk error while one rank hashes its share of a load, and a state the snapshot cannot copy on rank 0 only:
     every rank raises (the failed one its own error), none waits forever."""
-    from runner.engine import manifest as manifests
+    from runner.engine.checkpoint import manifest as manifests
 
     accelerator, model, optimizer, train_loader, scheduler = checkpointed_run(project_dir)
     train_steps(accelerator, model, optimizer, train_loader, scheduler, 2)

@@ -9,7 +9,7 @@ from torch import nn
 
 from runner.engine import Accelerator, CheckpointError, ProjectConfiguration
 from tests.helpers import checkpointed_run, train_steps
-from tests.unit.engine.tmpfs import tmpfs_runner
+from tests.unit.engine.checkpoint.tmpfs import tmpfs_runner
 
 
 def _save_then_load(project_dir):
@@ -76,7 +76,7 @@ def test_async_commits_on_two_processes(launch, tmp_path):
 
 
 def _failed_async_commit(project_dir):
-    import runner.engine.manifest as manifest_module
+    import runner.engine.checkpoint.manifest as manifest_module
 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -99,7 +99,7 @@ def test_a_failed_async_commit_is_raised_on_every_rank(launch, tmp_path):
 def _one_rank_runs_out_of_space(directory):
     import errno
 
-    from runner.engine import checkpoint_files
+    from runner.engine.checkpoint import files as checkpoint_files
 
     accelerator = Accelerator()
     accelerator.prepare(nn.Linear(4, 4))
@@ -138,8 +138,8 @@ def _save_until_full(project_dir):
 
 
 def save_on_two_processes_until_full(project_dir: str) -> dict:
-    """Runs in a process of its own, whose ``project_dir`` is a small tmpfs (see tests.unit.engine.tmpfs)."""
-    from runner.engine.manifest import read_manifest
+    """Runs in a process of its own, whose ``project_dir`` is a small tmpfs (see tests.unit.engine.checkpoint.tmpfs)."""
+    from runner.engine.checkpoint.manifest import read_manifest
     from tests.distributed.conftest import launch_workers
 
     results = launch_workers(_save_until_full, project_dir)
@@ -170,7 +170,7 @@ def test_a_full_disk_fails_the_save_on_both_processes_and_keeps_the_checkpoints_
 
 
 def _hashed_once(project_dir):
-    from runner.engine import manifest as manifests
+    from runner.engine.checkpoint import manifest as manifests
 
     hashed = []
     digest = manifests.slice_digest
@@ -190,7 +190,7 @@ def _hashed_once(project_dir):
 
 
 def test_every_slice_is_hashed_once_in_all_on_save_and_on_load(launch, tmp_path):
-    from runner.engine.manifest import manifest_slices, read_manifest
+    from runner.engine.checkpoint.manifest import manifest_slices, read_manifest
 
     rank0, rank1 = launch(_hashed_once, str(tmp_path))
     manifest = read_manifest(Path(rank0["saved"]), verify_checksums=False)

@@ -4,7 +4,7 @@ import torch
 from safetensors.torch import load_file
 
 from runner.engine import Accelerator, FullyShardedDataParallelPlugin
-from runner.engine.sharded_state import gather_full
+from runner.engine.checkpoint.sharded_state import gather_full
 from tests.helpers import assert_same_optimizer_state, assert_state_close, resumable_run, small_model, train
 
 

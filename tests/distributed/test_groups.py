@@ -9,7 +9,8 @@ import signal
 import pytest
 import torch
 
-from runner.engine import Accelerator, checkpoint_files
+from runner.engine import Accelerator
+from runner.engine.checkpoint import files as checkpoint_files
 from tests.distributed import groups
 from tests.distributed.groups import WorkerFailed, WorkerGroup, running
 

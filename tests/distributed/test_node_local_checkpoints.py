@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from runner.engine import Accelerator, CheckpointError, ProjectConfiguration
-from runner.engine.manifest import read_manifest
+from runner.engine.checkpoint.manifest import read_manifest
 from tests.helpers import checkpointed_run, train_steps
 
 NODE_OF_RANK = {0: 0, 1: 1, 2: 1}
@@ -89,19 +89,19 @@ def _break(what, rank, accelerators):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     if what == "write" and rank == 2:  # not a node's owner: one of the files it writes itself
-        from runner.engine import checkpoint_files
+        from runner.engine.checkpoint import files as checkpoint_files
 
         checkpoint_files._save_object = no_space
     if what == "manifest" and rank == 1:  # node 1's owner, in phase (a)
-        from runner.engine import manifest
+        from runner.engine.checkpoint import manifest
 
         manifest.write_manifest = no_space
     if what == "rename" and rank == 1:  # node 1's owner, in phase (b): node 0 has renamed, and puts it back
-        from runner.engine import node_local_checkpoints
+        from runner.engine.checkpoint import node_local as node_local_checkpoints
 
         node_local_checkpoints._rename_into_place = no_space
     if what == "fsync" and rank == 1:  # node 1's owner, in phase (b), after its rename: it puts it back too
-        from runner.engine import node_local_checkpoints
+        from runner.engine.checkpoint import node_local as node_local_checkpoints
 
         synced, calls = node_local_checkpoints.fsync_path, []
 

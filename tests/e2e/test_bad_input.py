@@ -8,7 +8,7 @@ import socket
 
 from runner.launch.lock import RunLock
 from tests.e2e.conftest import MNIST, mnist_args, run_cli, run_cli_refusals
-from tests.unit.engine.checkpoint_edits import rewrite_manifest
+from tests.unit.engine.checkpoint.checkpoint_edits import rewrite_manifest
 
 
 def _fingerprint(run):

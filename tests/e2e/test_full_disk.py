@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import mnist_args
-from tests.unit.engine.tmpfs import tmpfs_runner
+from tests.unit.engine.checkpoint.tmpfs import tmpfs_runner
 
 
 def run_on_full_disk(folder: str, *arguments: str) -> dict:
     """``python -m runner`` saving a checkpoint every 2 steps into ``folder`` (in a process of its own)."""
-    from runner.engine.manifest import read_manifest
+    from runner.engine.checkpoint.manifest import read_manifest
 
     run = Path(folder) / "run"
     tiny = [*mnist_args("test[:256]", "test[9900:]"), "tracker=none", "trainer.checkpoint_every_n_steps=2"]

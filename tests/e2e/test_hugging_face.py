@@ -271,7 +271,7 @@ def test_lora_trains_only_its_adapters_and_resumes_bit_for_bit(tmp_path, one_pro
         outputs = model(input_ids=inputs, labels=inputs)
     assert outputs.loss.item() == pytest.approx(summary["eval/loss"], abs=1e-5)
     # Only the adapters trained: the base weights in the last checkpoint are the base run's, bit for bit
-    from runner.engine.model_weights import read_model_weights
+    from runner.engine.checkpoint.model_weights import read_model_weights
 
     state, _ = read_model_weights(whole)
     base = load_file(one_process / "model" / "model.safetensors")

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.e2e.conftest import metrics, mnist_args, run_cli, run_cli_refusals
-from tests.unit.engine.checkpoint_edits import rewrite_manifest
+from tests.unit.engine.checkpoint.checkpoint_edits import rewrite_manifest
 
 NET = """
     from torch import nn

@@ -93,7 +93,8 @@ def test_a_checkpoints_files_are_written_in_place_and_fsynced_in_the_background_
 ):
     import threading
 
-    from runner.engine import checkpoint_files, manifest
+    from runner.engine.checkpoint import files as checkpoint_files
+    from runner.engine.checkpoint import manifest
 
     events = []
     real_fsync_path, real_write_manifest = checkpoint_files.fsync_path, manifest.write_manifest
@@ -122,7 +123,8 @@ def test_a_checkpoints_files_are_written_in_place_and_fsynced_in_the_background_
 def test_a_failed_fsync_of_a_checkpoint_file_fails_the_save_naming_the_file(tmp_path, monkeypatch):
     import errno
 
-    from runner.engine import CheckpointError, checkpoint_files
+    from runner.engine import CheckpointError
+    from runner.engine.checkpoint import files as checkpoint_files
 
     accelerator = Accelerator()
     model = accelerator.prepare(torch.nn.Linear(2, 2))

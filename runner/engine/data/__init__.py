@@ -9,7 +9,7 @@ and where a loader keeps its position in the data.
 - :mod:`~runner.engine.data.worker_streams`: streams read by loader workers, each its part, a state for each.
 - :mod:`~runner.engine.data.loaders`: ``prepare_data_loader``, which picks one of them.
 
-It may import torch, :mod:`runner.engine.ops` (moving batches to a device) and :mod:`runner.engine.manifest`'s
+It may import torch, :mod:`runner.engine.ops` (moving batches to a device) and the checkpoint room's
 ``CheckpointError`` (a saved position this loader cannot continue); nothing else of the engine. The names
 below are the loader module's, importable from here as before.
 """

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.data.batch_shards import BatchSamplerShard
 from runner.engine.data.sampling import (
     PlainShuffle,
@@ -31,7 +32,6 @@ from runner.engine.data.sampling import (
     seed_generators,
     seeded_worker_init_fn,
 )
-from runner.engine.manifest import CheckpointError
 from runner.engine.ops import send_to_device
 
 logger = logging.getLogger("runner")

@@ -30,9 +30,9 @@ from typing import Any, NamedTuple
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.data.dispatch import DispatchedDataLoader, batch_rows, concat_rows, slice_rows, stateful
 from runner.engine.data.loader import PreparedDataLoader
-from runner.engine.manifest import CheckpointError
 
 
 class _End:

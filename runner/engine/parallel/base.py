@@ -5,7 +5,7 @@ folder being written (a :class:`CheckpointWriter`) and ``load_state`` the commit
 read (a :class:`CheckpointReader`); the strategy decides how the state is gathered or sharded and
 which files hold it, and reports that as its ``checkpoint_format``, which the manifest records.
 Everything else in a checkpoint (schedulers, scaler, RNG states, registered objects, data position)
-is the same under every strategy and stays with :mod:`runner.engine.checkpoint`.
+is the same under every strategy and stays with :mod:`runner.engine.checkpoint.checkpointer`.
 
 The replicated format (``"safetensors"``): ``model.safetensors``, ``model_1.safetensors``, ... and
 ``optimizer.bin``, ``optimizer_1.bin``, ... written by rank 0. Replicated strategies write and
@@ -22,9 +22,9 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from runner.engine.checkpoint.manifest import CheckpointError
+from runner.engine.checkpoint.serialization import copied_out
 from runner.engine.constants import MODEL_NAME, OPTIMIZER_NAME, indexed_name
-from runner.engine.manifest import CheckpointError
-from runner.engine.serialization import copied_out
 
 
 class CheckpointWriter(Protocol):
@@ -187,7 +187,7 @@ def save_whole_state(
 
 def load_optimizer_file(checkpoint: CheckpointReader, index: int, *, mapped: bool = False) -> dict:
     """Optimizer ``index``'s whole state, from a checkpoint in the replicated format (``mapped``: see
-    :func:`runner.engine.serialization.torch_load`)."""
+    :func:`runner.engine.checkpoint.serialization.torch_load`)."""
     name = indexed_name(OPTIMIZER_NAME, index, ".bin")
     checkpoint.require(name)
     return checkpoint.load_object(name, mapped=mapped)

@@ -13,7 +13,7 @@ Order inside ``prepare`` (getting it wrong silently trains the wrong tensors):
 Checkpoints: with ``SHARDED_STATE_DICT`` every rank writes its own shards of each model and
 optimizer through torch.distributed.checkpoint (``checkpoint_format`` ``"dcp"``, loadable on any
 number of processes); with ``FULL_STATE_DICT`` they are gathered to rank 0 and written in the
-replicated format. Either loads into a sharded model (see :mod:`runner.engine.sharded_state`).
+replicated format. Either loads into a sharded model (see :mod:`runner.engine.checkpoint.sharded_state`).
 
 On an N-D mesh (a :class:`~runner.engine.parallel.mesh.ParallelismConfig`), tensor parallelism over
 its ``tp`` dimension comes first (:mod:`runner.engine.parallel.tensor_parallel`), then ``fully_shard``
@@ -33,10 +33,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from runner.engine import sharded_state
+from runner.engine.checkpoint import sharded_state
+from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.constants import DCP_METADATA_NAME, MODEL_NAME, OPTIMIZER_NAME, indexed_name
 from runner.engine.distributed import DistributedEnvironment
-from runner.engine.manifest import CheckpointError
 from runner.engine.parallel.base import (
     CheckpointReader,
     CheckpointWriter,
@@ -98,7 +98,7 @@ class FSDPStrategy:
         self.plugin = plugin
         self.param_dtype = param_dtype  # from mixed_precision: the dtype units compute in, or None
         self.parallelism = parallelism
-        # Shards through DCP, or whole states gathered to rank 0 (see runner.engine.sharded_state).
+        # Shards through DCP, or whole states gathered to rank 0 (see runner.engine.checkpoint.sharded_state).
         self.checkpoint_format = "dcp" if plugin.state_dict_type == "SHARDED_STATE_DICT" else "safetensors"
         # Built now, while every process constructs its Accelerator: building it later, on first use, is a
         # collective that one process asking alone (for accelerator.torch_device_mesh, say) would hang in.

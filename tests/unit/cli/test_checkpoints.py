@@ -4,7 +4,7 @@ import torch
 
 from runner.cli.checkpoints import describe, format_table, main
 from runner.engine import Accelerator, ProjectConfiguration
-from tests.unit.engine.checkpoint_edits import rewrite_manifest
+from tests.unit.engine.checkpoint.checkpoint_edits import rewrite_manifest
 
 
 def make_run(run_dir):

@@ -14,7 +14,7 @@ from torch import nn
 
 from runner.cli.export import _transformers_class, main
 from runner.engine import Accelerator, ProjectConfiguration
-from runner.engine.serialization import load_safetensors
+from runner.engine.checkpoint.serialization import load_safetensors
 from tests.e2e.conftest import REPO
 
 

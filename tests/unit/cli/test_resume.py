@@ -46,8 +46,8 @@ def test_a_run_folder_resumes_its_newest_intact_checkpoint(run_dir, caplog):
 
 @pytest.mark.parametrize("path", ["checkpoints/checkpoint_1", "."])
 def test_a_verified_resume_tells_the_workers_not_to_hash_it_again(run_dir, monkeypatch, path):
+    from runner.engine.checkpoint.manifest import read_manifest
     from runner.engine.constants import VERIFIED_CHECKPOINT_ENV
-    from runner.engine.manifest import read_manifest
 
     monkeypatch.delenv(VERIFIED_CHECKPOINT_ENV, raising=False)
     _, checkpoint = find_checkpoint(str(run_dir / path), verify_checksums=False)  # a sweep job's: workers verify

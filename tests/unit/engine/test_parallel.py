@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from runner.engine import Accelerator, CheckpointError, FullyShardedDataParallelPlugin
+from runner.engine.checkpoint.serialization import load_safetensors, save_safetensors, torch_load
 from runner.engine.distributed import DistributedEnvironment
 from runner.engine.parallel import (
     DDPStrategy,
@@ -17,7 +18,6 @@ from runner.engine.parallel import (
     FSDPStrategy,
     SingleProcessStrategy,
 )
-from runner.engine.serialization import load_safetensors, save_safetensors, torch_load
 
 ONE = DistributedEnvironment()
 TWO = DistributedEnvironment(rank=0, world_size=2, local_world_size=2, backend="gloo")

@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 from torch import nn
 
 from runner.engine import Accelerator, ProjectConfiguration
-from runner.engine.serialization import save_model_files
+from runner.engine.checkpoint.serialization import save_model_files
 from runner.models import from_run
 
 

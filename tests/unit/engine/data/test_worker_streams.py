@@ -7,8 +7,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from runner.engine import Accelerator
+from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.data.worker_streams import Tagged, WorkerRouter
-from runner.engine.manifest import CheckpointError
 from tests.helpers import ShardedRange
 
 datasets = pytest.importorskip("datasets")

@@ -37,9 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from runner.engine import manifest as manifests
-from runner.engine.checkpoint_files import StagingFolder, contents, first_failure, raise_if_failed, write_files
-from runner.engine.checkpoint_folders import (
+from runner.engine.checkpoint import manifest as manifests
+from runner.engine.checkpoint.files import StagingFolder, contents, first_failure, raise_if_failed, write_files
+from runner.engine.checkpoint.folders import (
     ProjectConfiguration,
     check_writable_target,
     checkpoint_number,
@@ -48,12 +48,12 @@ from runner.engine.checkpoint_folders import (
     remove_folder,
     staging_dir,
 )
-from runner.engine.checkpoint_folders import checkpoint_to_load as find_checkpoint
-from runner.engine.checkpoint_loading import load_training_state as load_whole_state
-from runner.engine.checkpoint_loading import restore_engine_metadata, verify_together
+from runner.engine.checkpoint.folders import checkpoint_to_load as find_checkpoint
+from runner.engine.checkpoint.loading import load_training_state as load_whole_state
+from runner.engine.checkpoint.loading import restore_engine_metadata, verify_together
+from runner.engine.checkpoint.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
 from runner.engine.constants import CHECKPOINT_PREFIX
 from runner.engine.distributed import DistributedEnvironment
-from runner.engine.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
 from runner.engine.ops import gather_object
 from runner.engine.parallel.base import ReplicatedModelStrategy
 from runner.engine.prepared import PreparedObjects
@@ -178,7 +178,7 @@ def save_training_state(
     """Write and commit this node's copy of ``target``, in the phases of the module docstring.
 
     Every rank calls this with the same arguments, after :func:`check_save`. The arguments are
-    :func:`runner.engine.checkpoint.save_training_state`'s; ``before_write`` runs on every rank and
+    :func:`runner.engine.checkpoint.checkpointer.save_training_state`'s; ``before_write`` runs on every rank and
     ``after_commit`` on each node's owner once every node has committed.
 
     Raises:
@@ -390,7 +390,7 @@ def load_training_state(
     verify_checksums: bool,
     before_load: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Restore ``prepared`` from this node's copy (see :func:`runner.engine.checkpoint_loading.load_training_state`).
+    """Restore ``prepared`` from this node's copy (see :func:`runner.engine.checkpoint.loading.load_training_state`).
 
     Args:
         before_load: Runs on every rank (load_state's pre-hooks) once the copy is verified, before anything

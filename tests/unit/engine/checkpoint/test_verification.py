@@ -17,8 +17,8 @@ from runner.engine import (
     FullyShardedDataParallelPlugin,
     ProjectConfiguration,
 )
-from runner.engine import manifest as manifests
-from runner.engine.manifest import mark_verified, read_manifest
+from runner.engine.checkpoint import manifest as manifests
+from runner.engine.checkpoint.manifest import mark_verified, read_manifest
 
 _FIXED_SEED = 0
 
@@ -223,7 +223,7 @@ def test_a_file_that_cannot_be_read_while_hashed_is_one_sentence(checkpoints, mo
 
 
 def test_the_ranks_find_the_newest_intact_checkpoint_together_and_mark_it(tmp_path, monkeypatch):
-    from runner.engine.checkpoint_loading import newest_verified_checkpoint
+    from runner.engine.checkpoint.loading import newest_verified_checkpoint
     from runner.engine.constants import VERIFIED_CHECKPOINT_ENV
 
     monkeypatch.delenv(VERIFIED_CHECKPOINT_ENV, raising=False)
@@ -245,7 +245,7 @@ def test_the_ranks_find_the_newest_intact_checkpoint_together_and_mark_it(tmp_pa
 
 
 def test_a_checkpoint_with_a_format_4_manifest_still_loads_verified(tmp_path, monkeypatch):
-    from tests.unit.engine.test_manifest import as_format_4
+    from tests.unit.engine.checkpoint.test_manifest import as_format_4
 
     accelerator, model = prepared(checksum="sha256")
     folder = save(accelerator, tmp_path / "ck")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.unit.engine.tmpfs import tmpfs_runner
+from tests.unit.engine.checkpoint.tmpfs import tmpfs_runner
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def on_tmpfs(tmp_path):
 def save_until_full(project_dir: str, optimizer_name: str) -> dict:
     """Save checkpoints of a 6 MB model into ``project_dir`` until a save fails (in a process of its own)."""
     from runner.engine import Accelerator, CheckpointError, ProjectConfiguration
-    from runner.engine.manifest import read_manifest
+    from runner.engine.checkpoint.manifest import read_manifest
 
     project = Path(project_dir)
     accelerator = Accelerator(project_config=ProjectConfiguration(project_dir, automatic_checkpoint_naming=True))

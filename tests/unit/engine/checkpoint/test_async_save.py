@@ -18,8 +18,10 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from runner.engine import Accelerator, CheckpointError, ProjectConfiguration, async_checkpoints, checkpoint_files
-from runner.engine.manifest import read_manifest
+from runner.engine import Accelerator, CheckpointError, ProjectConfiguration
+from runner.engine.checkpoint import async_saves as async_checkpoints
+from runner.engine.checkpoint import files as checkpoint_files
+from runner.engine.checkpoint.manifest import read_manifest
 from tests.helpers import (
     assert_same_optimizer_state,
     checkpointed_run,
@@ -324,7 +326,7 @@ KILLED_SCRIPT = textwrap.dedent(
     import torch
     from safetensors.torch import save_file
     from runner.engine import Accelerator, ProjectConfiguration
-    from runner.engine.checkpoint_files import StagingFolder
+    from runner.engine.checkpoint.files import StagingFolder
 
     project = sys.argv[1]
     accelerator = Accelerator(project_config=ProjectConfiguration(project, automatic_checkpoint_naming=True))

@@ -221,7 +221,7 @@ def test_save_and_load_pre_hooks(tmp_path):
 def test_async_commit_returns_before_the_commit_and_every_wait_completes_it(tmp_path, monkeypatch):
     import threading
 
-    import runner.engine.manifest as manifest_module
+    import runner.engine.checkpoint.manifest as manifest_module
 
     release = threading.Event()
     write_manifest = manifest_module.write_manifest
@@ -245,7 +245,7 @@ def test_async_commit_returns_before_the_commit_and_every_wait_completes_it(tmp_
 
 
 def test_a_failed_background_commit_surfaces_and_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
-    import runner.engine.manifest as manifest_module
+    import runner.engine.checkpoint.manifest as manifest_module
 
     accelerator = build(tmp_path)[0]
     accelerator.save_state()

@@ -1,4 +1,4 @@
-"""Tests of runner/engine/serialization.py: sizes, single and sharded weights files, tied weights, loading."""
+"""runner/engine/checkpoint/serialization.py: sizes, single and sharded weights files, tied weights, loading."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from runner.engine.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-from runner.engine.serialization import (
+from runner.engine.checkpoint.serialization import (
     load_checkpoint_in_model,
     load_state_dict_files,
     parse_size,
@@ -18,6 +17,7 @@ from runner.engine.serialization import (
     torch_load,
     torch_save,
 )
+from runner.engine.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 
 class Stack(nn.Module):

@@ -7,9 +7,9 @@ rank its RNG states (and, in the middle of an accumulation cycle, its pending gr
 have finished, rank 0 writes ``manifest.json`` last, recording the strategy's format
 (``state_format``) and what the checkpoint holds, and renames the folder to its final name.
 
-The folders (naming, listing, commit, rotation) are :mod:`runner.engine.checkpoint_folders`; the
-load path is :mod:`runner.engine.checkpoint_loading`, what each rank writes :mod:`runner.engine.checkpoint_files`,
-and a copy on each node's own disk (``save_on_each_node``) :mod:`runner.engine.node_local_checkpoints`. Their
+The folders (naming, listing, commit, rotation) are :mod:`runner.engine.checkpoint.folders`; the
+load path is :mod:`runner.engine.checkpoint.loading`, what each rank writes :mod:`runner.engine.checkpoint.files`,
+and a copy on each node's own disk (``save_on_each_node``) :mod:`runner.engine.checkpoint.node_local`. Their
 public names are importable from here too.
 """
 
@@ -29,10 +29,10 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from runner.engine import manifest as manifests
-from runner.engine import node_local_checkpoints as node_local
-from runner.engine.async_checkpoints import BackgroundSaves, Snapshot, write_in_background
-from runner.engine.checkpoint_files import (
+from runner.engine.checkpoint import manifest as manifests
+from runner.engine.checkpoint import node_local
+from runner.engine.checkpoint.async_saves import BackgroundSaves, Snapshot, write_in_background
+from runner.engine.checkpoint.files import (
     StagingFolder,
     contents,
     first_failure,
@@ -40,7 +40,7 @@ from runner.engine.checkpoint_files import (
     share_outcome,
     write_files,
 )
-from runner.engine.checkpoint_folders import (
+from runner.engine.checkpoint.folders import (
     ProjectConfiguration,
     check_writable_target,
     checkpoint_number,
@@ -56,15 +56,15 @@ from runner.engine.checkpoint_folders import (
     rotate_checkpoints,
     staging_dir,
 )
-from runner.engine.checkpoint_folders import commit as commit_folder
-from runner.engine.checkpoint_loading import (
+from runner.engine.checkpoint.folders import commit as commit_folder
+from runner.engine.checkpoint.loading import (
     ListedCheckpoint,
     derive_rng_state,
     load_training_state,
     restore_engine_metadata,
 )
+from runner.engine.checkpoint.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
 from runner.engine.distributed import DistributedEnvironment, barrier
-from runner.engine.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
 from runner.engine.ops import broadcast_object_list
 from runner.engine.parallel.base import unwrap_module
 from runner.engine.prepared import PreparedObjects
@@ -133,7 +133,7 @@ def save_training_state(
             every rank's files are written and hashed. The folder still appears only once complete.
         checksum: The digest the manifest records of each file's slices (``manifest.CHECKSUMS``).
         background: Copy the state to host memory and return; every rank writes, hashes and commits in
-            these background saves (see :mod:`runner.engine.async_checkpoints`).
+            these background saves (see :mod:`runner.engine.checkpoint.async_saves`).
 
     Returns:
         With ``background``, this rank's pending save (its result: None, or the failure sentence every

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from runner.engine import CheckpointError, GradientAccumulationPlugin, ProjectConfiguration
-from runner.engine.checkpoint import Checkpointer, PreparedObjects
+from runner.engine.checkpoint.checkpointer import Checkpointer, PreparedObjects
 from runner.engine.distributed import DistributedEnvironment
 from runner.engine.optimizer import AcceleratedOptimizer, GradientState
 

@@ -16,8 +16,8 @@ from torch import nn
 from runner.cli.checkpoints import describe
 from runner.engine import Accelerator, CheckpointError, FullyShardedDataParallelPlugin, ProjectConfiguration
 from runner.engine.checkpoint import newest_intact_checkpoint
-from runner.engine.manifest import read_manifest
-from tests.unit.engine.checkpoint_edits import code_running_pickle, rewrite_manifest
+from runner.engine.checkpoint.manifest import read_manifest
+from tests.unit.engine.checkpoint.checkpoint_edits import code_running_pickle, rewrite_manifest
 
 
 def prepared(*, fsdp: bool = False, project_dir=None, total_limit=None) -> Accelerator:
@@ -116,7 +116,7 @@ def test_an_fsdp_optimizer_value_that_is_a_crafted_pickle_runs_nothing(tmp_path)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    from tests.unit.engine.checkpoint_edits import CreatesFile
+    from tests.unit.engine.checkpoint.checkpoint_edits import CreatesFile
 
     folder, marker = saved(tmp_path, fsdp=True), tmp_path / "marker"
     accelerator = prepared(fsdp=True)

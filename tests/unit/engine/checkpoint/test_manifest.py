@@ -6,8 +6,8 @@ import os
 import pytest
 import xxhash
 
-from runner.engine import manifest as manifests
-from runner.engine.manifest import (
+from runner.engine.checkpoint import manifest as manifests
+from runner.engine.checkpoint.manifest import (
     CHUNK_BYTES,
     MANIFEST_FORMAT,
     CheckpointError,
@@ -16,7 +16,7 @@ from runner.engine.manifest import (
     read_manifest,
     write_manifest,
 )
-from tests.unit.engine.checkpoint_edits import rewrite_manifest
+from tests.unit.engine.checkpoint.checkpoint_edits import rewrite_manifest
 
 CONTENTS = {
     "models": 1, "optimizers": 0, "schedulers": 0, "custom_objects": 0, "dataloaders": 1, "scaler": False,

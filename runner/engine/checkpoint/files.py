@@ -1,7 +1,7 @@
 """What each rank writes into a checkpoint's staging folder, and how a failure while saving reaches every rank.
 
-Shared by the save on one folder every rank sees (:mod:`runner.engine.checkpoint`) and the save of
-a copy on each node's own disk (:mod:`runner.engine.node_local_checkpoints`).
+Shared by the save on one folder every rank sees (:mod:`runner.engine.checkpoint.checkpointer`) and the save of
+a copy on each node's own disk (:mod:`runner.engine.checkpoint.node_local`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from runner.engine.checkpoint.manifest import CheckpointError, file_entries
+from runner.engine.checkpoint.serialization import save_safetensors, torch_save
 from runner.engine.constants import (
     SCALER_NAME,
     SCHEDULER_NAME,
@@ -24,11 +26,9 @@ from runner.engine.constants import (
     indexed_name,
     rng_state_name,
 )
-from runner.engine.manifest import CheckpointError, file_entries
 from runner.engine.ops import gather_object
 from runner.engine.prepared import PreparedObjects
 from runner.engine.rng import get_rng_state
-from runner.engine.serialization import save_safetensors, torch_save
 from runner.files import fsync_path
 
 
@@ -64,7 +64,7 @@ class StagingFolder:
         self._wrote(name)
 
     def save_sharded(self, state: dict[str, Any], name: str) -> None:
-        from runner.engine.sharded_state import save_dcp
+        from runner.engine.checkpoint.sharded_state import save_dcp
 
         save_dcp(state, self.path / name)
         self.written.extend(own_shards(self.path / name, self.path))
@@ -113,7 +113,7 @@ def write_files(
     """This rank's share: the strategy's model and optimizer state, the rest on rank 0, RNG, gradients.
 
     ``writes_shared``: this rank writes what rank 0 writes (each node's local main process, see
-    :mod:`runner.engine.node_local_checkpoints`); None: whether it is rank 0.
+    :mod:`runner.engine.checkpoint.node_local`); None: whether it is rank 0.
     """
     rank = prepared.env.rank
     writes_shared = rank == 0 if writes_shared is None else writes_shared

@@ -64,7 +64,8 @@ def test_a_full_disk_during_a_save_fails_in_one_sentence_and_keeps_the_previous_
     import errno
     import hashlib
 
-    from runner.engine import CheckpointError, checkpoint_files
+    from runner.engine import CheckpointError
+    from runner.engine.checkpoint import files as checkpoint_files
 
     accelerator = Accelerator(project_config=ProjectConfiguration(str(tmp_path), automatic_checkpoint_naming=True))
     model = accelerator.prepare(torch.nn.Linear(8, 8))

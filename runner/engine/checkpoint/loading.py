@@ -1,11 +1,11 @@
 """``load_state``'s path: a committed checkpoint, checked against the prepared objects, put back in place.
 
-A checkpoint folder is data. Its manifest is checked first (see :mod:`runner.engine.manifest`), and
+A checkpoint folder is data. Its manifest is checked first (see :mod:`runner.engine.checkpoint.manifest`), and
 loading follows what it records, never the files it finds: the strategy that saved the models and
 optimizers (``state_format``), how many objects of each kind, the world size. The prepared
 strategy loads the model and optimizer state (see :mod:`runner.engine.parallel.base`); the rest is
 the same under every strategy and is loaded here, reading tensors with safetensors and everything
-else with ``torch.load(weights_only=True)`` (see :func:`runner.engine.serialization.torch_load`).
+else with ``torch.load(weights_only=True)`` (see :func:`runner.engine.checkpoint.serialization.torch_load`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from runner.engine.checkpoint_files import first_failure
+from runner.engine.checkpoint.files import first_failure
+from runner.engine.checkpoint.manifest import (
+    CheckpointError,
+    first_mismatch,
+    manifest_slices,
+    read_manifest,
+    share_of,
+    take_verified,
+)
+from runner.engine.checkpoint.serialization import load_safetensors, torch_load
 from runner.engine.constants import (
     DCP_METADATA_NAME,
     SCALER_NAME,
@@ -30,17 +39,8 @@ from runner.engine.constants import (
     rng_state_name,
 )
 from runner.engine.distributed import DistributedEnvironment
-from runner.engine.manifest import (
-    CheckpointError,
-    first_mismatch,
-    manifest_slices,
-    read_manifest,
-    share_of,
-    take_verified,
-)
 from runner.engine.prepared import PreparedObjects
 from runner.engine.rng import set_rng_state, set_seed
-from runner.engine.serialization import load_safetensors, torch_load
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def verify_together(
 ) -> None:
     """Every file's digests checked once in all: each rank hashes its own files and an equal share of the
     ones every rank reads, then all learn every rank's verdict (a collective). A save the launching
-    process already verified (:func:`runner.engine.manifest.take_verified`) is not hashed again.
+    process already verified (:func:`runner.engine.checkpoint.manifest.take_verified`) is not hashed again.
 
     Args:
         node_ranks: The ranks that share this node's copy (``save_on_each_node``): they split it among them.
@@ -156,8 +156,8 @@ def newest_verified_checkpoint(
     """The newest committed checkpoint in ``directory`` whose files match its manifest, verified by every rank
     together (each slice once, see :func:`verify_together`; a collective), and the newer damaged ones skipped.
     The one found is marked verified, so loading it next does not hash it again."""
-    from runner.engine.checkpoint_folders import committed_checkpoints
-    from runner.engine.manifest import mark_verified
+    from runner.engine.checkpoint.folders import committed_checkpoints
+    from runner.engine.checkpoint.manifest import mark_verified
 
     skipped = []
     for checkpoint in reversed(committed_checkpoints(directory)):
@@ -220,7 +220,7 @@ def _load_gradients(gradients: dict[str, torch.Tensor], models: Sequence[nn.Modu
 def restore_engine_metadata(
     manifest: dict[str, Any], checkpoint: Path, loaders: Sequence[Any], optimizers: Sequence[Any], gradient_state: Any
 ) -> None:
-    """Put back what :func:`runner.engine.checkpoint.engine_metadata` recorded."""
+    """Put back what :func:`runner.engine.checkpoint.checkpointer.engine_metadata` recorded."""
     positions = manifest.get("dataloaders", [])
     if len(positions) != len(loaders):
         raise CheckpointError(

@@ -9,8 +9,8 @@ out and ``runner.models.from_run`` loads.
   checkpoint, or a weights folder (``save_model``'s, ``runner export``'s, a Hugging Face model's
   safetensors).
 
-Only data is read: safetensors, DCP metadata through :func:`runner.engine.sharded_state.read_dcp_metadata`.
-Every error is one :class:`~runner.engine.manifest.CheckpointError` sentence naming the folder.
+Only data is read: safetensors, DCP metadata through :func:`runner.engine.checkpoint.sharded_state.read_dcp_metadata`.
+Every error is one :class:`~runner.engine.checkpoint.manifest.CheckpointError` sentence naming the folder.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
+from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.constants import (
     CHECKPOINTS_DIR,
     MANIFEST_NAME,
@@ -33,7 +34,6 @@ from runner.engine.constants import (
     SAFE_WEIGHTS_NAME,
     indexed_name,
 )
-from runner.engine.manifest import CheckpointError
 
 logger = logging.getLogger("runner")
 
@@ -47,8 +47,8 @@ def find_checkpoint(folder: str | Path) -> tuple[Path, dict[str, Any]]:
     Raises:
         CheckpointError: The folder is missing, a file, neither kind, or holds no intact checkpoint.
     """
-    from runner.engine.checkpoint_folders import newest_intact_checkpoint
-    from runner.engine.manifest import read_manifest
+    from runner.engine.checkpoint.folders import newest_intact_checkpoint
+    from runner.engine.checkpoint.manifest import read_manifest
 
     folder = Path(folder).expanduser().absolute()
     if folder.is_file():
@@ -79,9 +79,9 @@ def checkpoint_model_state(checkpoint: Path, manifest: dict[str, Any], index: in
     Raises:
         CheckpointError: There is no model ``index``, or its files are not what the manifest says.
     """
-    from runner.engine.checkpoint_loading import ListedCheckpoint
-    from runner.engine.serialization import load_safetensors
-    from runner.engine.sharded_state import load_full_model_state
+    from runner.engine.checkpoint.loading import ListedCheckpoint
+    from runner.engine.checkpoint.serialization import load_safetensors
+    from runner.engine.checkpoint.sharded_state import load_full_model_state
 
     models = manifest["contents"]["models"]
     if not 0 <= index < models:
@@ -133,7 +133,7 @@ def read_model_weights(source: str | Path, *, final_folder: str = "model") -> tu
 def _read_weights_folder(folder: Path) -> dict[str, torch.Tensor]:
     """``model.safetensors``, or the shards its index names: only plain ``*.safetensors`` names inside ``folder``,
     never a pickle and never a path that leads elsewhere (the index is data from wherever the folder came from)."""
-    from runner.engine.serialization import load_safetensors
+    from runner.engine.checkpoint.serialization import load_safetensors
 
     if (folder / SAFE_WEIGHTS_NAME).is_file():
         return load_safetensors(_plain_file(folder / SAFE_WEIGHTS_NAME))

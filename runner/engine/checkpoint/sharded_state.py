@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.constants import DCP_METADATA_NAME, MODEL_NAME, OPTIMIZER_NAME
-from runner.engine.manifest import CheckpointError
 
 
 def save_dcp(state: dict, folder: Path) -> None:

@@ -16,14 +16,14 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.engine.constants import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, INCOMPLETE_SUFFIX, MANIFEST_NAME
-from runner.engine.manifest import (
+from runner.engine.checkpoint.manifest import (
     CHECKSUMS,
     DEFAULT_CHECKSUM,
     CheckpointError,
     CheckpointNotFoundError,
     read_manifest,
 )
+from runner.engine.constants import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, INCOMPLETE_SUFFIX, MANIFEST_NAME
 from runner.files import fsync_path
 
 _CHECKPOINT_RE = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
@@ -41,7 +41,7 @@ class ProjectConfiguration:
         iteration: The number the next automatically named checkpoint gets.
         save_on_each_node: ``project_dir`` (or ``output_dir``) is on each node's own disk: every node
             keeps a copy of each checkpoint, written and committed by its local main process (see
-            :mod:`runner.engine.node_local_checkpoints`). Off by default: one folder every rank sees.
+            :mod:`runner.engine.checkpoint.node_local`). Off by default: one folder every rank sees.
         checksum: The digest the manifest records of each file's slices and loading verifies:
             ``"xxh3_128"`` (xxHash, an integrity check at memory speed; the default) or ``"sha256"``
             (cryptographic, about 6x slower to hash). Either reads checkpoints saved with the other.

@@ -7,7 +7,7 @@ import pickle
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from runner.engine.manifest import file_entries, manifest_digest
+from runner.engine.checkpoint.manifest import file_entries, manifest_digest
 
 
 class CreatesFile:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]  # the repository: tests/unit/engine/checkpoint/tmpfs.py
 _CALL = "import importlib, json, sys; module, name = sys.argv[1].split(':'); " + (
     "print(json.dumps(getattr(importlib.import_module(module), name)(*sys.argv[2:])))"
 )
