@@ -292,6 +292,8 @@ def _cut(pieces: list[Piece], size: int) -> Any:
 def _rest(pieces: list[Piece], size: int) -> list[Piece]:
     """``pieces`` after their first ``size`` rows."""
     for index, piece in enumerate(pieces):
+        if not size:
+            return pieces[index:]
         rows = batch_rows(piece.batch)
         if rows > size:
             left = Piece(slice_rows(piece.batch, size, rows), piece.before, piece.offset + size)
