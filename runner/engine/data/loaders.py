@@ -1,8 +1,8 @@
 """``prepare`` for a DataLoader: rebuild it over this rank's shard, as a map-style, streamed or dispatched loader.
 
-:mod:`runner.engine.data.sampling` holds the sharding arithmetic and the samplers, :mod:`runner.engine.data.loader` the
-map-style loader, :mod:`runner.engine.data.dispatch` the loaders for streams and for batches rank 0 loads; this module
-chooses between them.
+:mod:`runner.engine.data.sampling` holds the sharding arithmetic and the samplers, :mod:`runner.engine.data.loader`
+the map-style loader, :mod:`runner.engine.data.dispatch` the loaders for streams and for batches rank 0 loads,
+:mod:`runner.engine.data.worker_streams` those for streams that loader workers read; this module chooses between them.
 """
 
 from __future__ import annotations
