@@ -6,9 +6,10 @@
 Each process trains the tiny GPT-2 of tests/e2e/test_hugging_face.py (2 layers, 32 wide, 32 positions, vocabulary
 256) for 20 AdamW steps on fixed random tokens, with dropout, clipping at 1.0, from fixed seeds, and prints a
 digest of its final weights. Three run at once (the load under which the suite's resume test once differed),
-one thread setting after the other in each round: ``pinned`` (torch's own thread count, fixed with
-``torch.set_num_threads``, as ``runner.launch.worker.pin_threads`` does: MKL's dynamic threading off),
-``dynamic`` (torch's defaults) and ``one`` (one intra-op thread). A deterministic setting ends in one state.
+one setting after the other in each round: ``resolved`` (as a runner worker starts: the thread count fixed and
+oneMKL's vector-math kernels resolved, ``runner.engine.numerics``), ``pinned`` (the thread count fixed with
+``torch.set_num_threads`` only: MKL's dynamic threading off), ``dynamic`` (torch's defaults) and ``one`` (one
+intra-op thread). A deterministic setting ends in one state.
 Not a benchmark (bench/all.py does not run it): it measures no speed.
 """
 
@@ -20,14 +21,18 @@ import hashlib
 import subprocess
 import sys
 
-SETTINGS = ("pinned", "dynamic", "one")
+SETTINGS = ("resolved", "pinned", "dynamic", "one")
 
 
 def train(setting: str) -> str:
     import torch
 
-    if setting == "pinned":
+    if setting in ("resolved", "pinned"):
         torch.set_num_threads(torch.get_num_threads())
+    if setting == "resolved":
+        from runner.engine.numerics import resolve_math_kernels
+
+        resolve_math_kernels()
     elif setting == "one":
         torch.set_num_threads(1)
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -53,14 +58,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--at-once", type=int, default=3)
+    parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
     parser.add_argument("--train", choices=SETTINGS, help=argparse.SUPPRESS)  # one process's run
     args = parser.parse_args()
     if args.train:
         print(train(args.train))
         return
-    states: dict[str, collections.Counter] = {setting: collections.Counter() for setting in SETTINGS}
+    states: dict[str, collections.Counter] = {setting: collections.Counter() for setting in args.settings}
     for _ in range(args.rounds):
-        for setting in SETTINGS:
+        for setting in args.settings:
             command = [sys.executable, __file__, "--train", setting]
             runs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(args.at_once)]
             for run in runs:

@@ -24,6 +24,7 @@ from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader
 from runner.engine.data.loaders import prepare_data_loader
 from runner.engine.distributed import AcceleratorState, DistributedType, barrier, init_process_group, read_environment
 from runner.engine.memory import release_memory
+from runner.engine.numerics import resolve_math_kernels
 from runner.engine.optimizer import (
     AcceleratedOptimizer,
     AcceleratedScheduler,
@@ -130,6 +131,7 @@ class Accelerator:
         parallelism_config: ParallelismConfig | None = None,
         tracker_process: bool = False,
     ) -> None:
+        resolve_math_kernels()  # before any op this process runs on several threads (see runner.engine.numerics)
         env = read_environment(cpu=cpu)
         init_process_group(env)
         handlers = _sort_kwargs_handlers(kwargs_handlers)

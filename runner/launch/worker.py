@@ -117,7 +117,8 @@ def record_config_in_checkpoints(accelerator, config: dict[str, Any], overrides:
 
 
 def pin_threads(threads: int | None) -> None:
-    """Fix this process's CPU thread count: ``threads`` (OMP_NUM_THREADS), else the count torch chose at import.
+    """Fix this process's CPU thread count: ``threads`` (OMP_NUM_THREADS), else the count torch chose at import, and
+    resolve oneMKL's vector-math kernels before any op runs on several threads (:mod:`runner.engine.numerics`).
 
     Besides the count, ``torch.set_num_threads`` turns MKL's dynamic threading off. It is on by default
     (MKL_DYNAMIC=true), and then MKL may run a matrix product on fewer threads than it was given when it judges
@@ -127,7 +128,10 @@ def pin_threads(threads: int | None) -> None:
     """
     import torch
 
+    from runner.engine.numerics import resolve_math_kernels
+
     torch.set_num_threads(threads if threads is not None else torch.get_num_threads())
+    resolve_math_kernels()  # before the data and the model are built, which may run ops on several threads
 
 
 def run_worker(config: dict[str, Any], overrides: list[str], *, environment: LaunchEnvironment) -> float | None:
