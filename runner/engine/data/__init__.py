@@ -11,15 +11,13 @@ and where a loader keeps its position in the data.
 
 It may import torch, :mod:`runner.engine.ops` (moving batches to a device) and the checkpoint room's
 ``CheckpointError`` (a saved position this loader cannot continue); nothing else of the engine. The names
-below are the loader module's, importable from here as before.
+below are importable from here, as they were from the module this room grew from.
 """
 
-from runner.engine.data.loader import (
-    BatchSamplerShard,
-    BatchShardedDataLoader,
-    DataLoaderConfiguration,
+from runner.engine.data.batch_shards import BatchSamplerShard
+from runner.engine.data.loader import BatchShardedDataLoader, DataLoaderConfiguration, PreparedDataLoader
+from runner.engine.data.sampling import (
     PlainShuffle,
-    PreparedDataLoader,
     SeedableRandomSampler,
     SeededBatch,
     ShardedBatchSampler,

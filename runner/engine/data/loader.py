@@ -1,8 +1,8 @@
 """Sharded data loading: distinct samples per rank, seeded shuffling, even batch counts.
 
 How each global batch is split across ranks, shuffled and seeded is :mod:`runner.engine.data.sampling`
-(its names are importable from here too). This module holds the loader those samplers feed: it
-moves batches to the device, counts each pass's batches so the Accelerator knows when an epoch
+(its names are importable from the package, :mod:`runner.engine.data`, too). This module holds the loader
+those samplers feed: it moves batches to the device, counts each pass's batches so the Accelerator knows when an epoch
 ends, and records its position for ``save_state``.
 
 Map-style datasets are sharded by index (each rank loads only its samples). Iterable datasets, and
@@ -22,34 +22,12 @@ from torch.utils.data import DataLoader
 
 from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.data.batch_shards import BatchSamplerShard
-from runner.engine.data.sampling import (
-    PlainShuffle,
-    SeedableRandomSampler,
-    SeededBatch,
-    ShardedBatchSampler,
-    Sharding,
-    batch_seed,
-    seed_generators,
-    seeded_worker_init_fn,
-)
+from runner.engine.data.sampling import PlainShuffle, SeedableRandomSampler, Sharding
 from runner.engine.ops import send_to_device
 
 logger = logging.getLogger("runner")
 
-__all__ = [
-    "BatchSamplerShard",
-    "BatchShardedDataLoader",
-    "DataLoaderConfiguration",
-    "PlainShuffle",
-    "PreparedDataLoader",
-    "SeedableRandomSampler",
-    "SeededBatch",
-    "ShardedBatchSampler",
-    "Sharding",
-    "batch_seed",
-    "seed_generators",
-    "seeded_worker_init_fn",
-]
+__all__ = ["BatchShardedDataLoader", "DataLoaderConfiguration", "PreparedDataLoader"]
 
 
 @dataclass

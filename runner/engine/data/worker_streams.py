@@ -271,35 +271,25 @@ class DispatchedWorkerLoader(_WorkerPasses, DispatchedDataLoader):
             pending.append(piece)
             count += batch_rows(piece.batch)
             while count >= size:
-                taken, pending, count = _cut(pending, size), _rest(pending, size), count - size
+                taken, pending, count = *_split(pending, size), count - size
                 yield taken, (_resumes_at(pending[0]) if pending else router.position())
         if pending:
             yield _joined([piece.batch for piece in pending]), router.position()
 
 
-def _cut(pieces: list[Piece], size: int) -> Any:
-    """The first ``size`` rows of ``pieces``, as one batch."""
-    parts, needed = [], size
-    for piece in pieces:
-        rows = batch_rows(piece.batch)
-        parts.append(piece.batch if rows <= needed else slice_rows(piece.batch, 0, needed))
-        needed -= min(rows, needed)
-        if not needed:
-            break
-    return _joined(parts)
-
-
-def _rest(pieces: list[Piece], size: int) -> list[Piece]:
-    """``pieces`` after their first ``size`` rows."""
+def _split(pieces: list[Piece], size: int) -> tuple[Any, list[Piece]]:
+    """The first ``size`` rows of ``pieces`` as one batch, and the pieces after them (a piece cut in two leaves its
+    rest, which records the rows of its worker's batch before it)."""
     for index, piece in enumerate(pieces):
-        if not size:
-            return pieces[index:]
         rows = batch_rows(piece.batch)
+        if rows == size:
+            return _joined([p.batch for p in pieces[: index + 1]]), pieces[index + 1 :]
         if rows > size:
             left = Piece(slice_rows(piece.batch, size, rows), piece.before, piece.offset + size)
-            return [left, *pieces[index + 1 :]]
+            taken = [*(p.batch for p in pieces[:index]), slice_rows(piece.batch, 0, size)]
+            return _joined(taken), [left, *pieces[index + 1 :]]
         size -= rows
-    return []
+    raise ValueError(f"{size} more rows were asked of pieces that hold fewer")
 
 
 def _resumes_at(piece: Piece) -> dict[str, Any]:

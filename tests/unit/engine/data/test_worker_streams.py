@@ -11,8 +11,6 @@ from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.data.worker_streams import Tagged, WorkerRouter
 from tests.helpers import ShardedRange
 
-datasets = pytest.importorskip("datasets")
-
 
 def _loader(dataset, workers: int = 2, **options) -> DataLoader:
     return Accelerator().prepare(DataLoader(dataset, batch_size=4, num_workers=workers, **options))
@@ -26,6 +24,7 @@ def _cut(make, taken: int, **options) -> tuple[list, dict]:
 
 
 def test_a_streamed_hugging_face_dataset_read_by_two_workers_resumes_exactly_after_every_batch(tmp_path, caplog):
+    datasets = pytest.importorskip("datasets")  # the other tests here need only torch
     files = []
     for part, lines in enumerate((7, 12, 17)):  # three shards of unequal length: the workers end apart
         files.append(tmp_path / f"part{part}.txt")
