@@ -56,6 +56,7 @@ from torch import nn
 from runner.engine import Accelerator
 from runner.engine.checkpoint import loading
 from runner.engine.checkpoint import manifest as manifests
+from runner.engine.checkpoint.manifest_schema import CHECKSUMS
 from runner.engine.constants import MANIFEST_NAME
 from runner.engine.environment import patch_environment
 from runner.engine.launchers import debug_launcher
@@ -202,7 +203,7 @@ def contender_groups(accelerator, model, optimizer, folder: Path, first: bool) -
         ],
         [
             measure(f"hash every slice, {checksum}", lambda checksum=checksum: hash_checkpoint(state, checksum))
-            for checksum in manifests.CHECKSUMS
+            for checksum in CHECKSUMS
         ],
         [  # the disk has written 3 checkpoints this round: saves that come after others
             save_state_again,
@@ -312,7 +313,7 @@ def report_load(rows: Rows) -> None:
         rows.time(f"load_state, of which {part}", rate=False)
     for name in (UNVERIFIED, baseline):
         rows.time(name)
-    for checksum in manifests.CHECKSUMS:
+    for checksum in CHECKSUMS:
         rows.time(f"hash every slice, {checksum}")
     rows.ratio("load_state / (load_file + copy)", "load_state", baseline, "<= 1.5x")
     rows.ratio("load_state(unverified) / (load_file + copy)", UNVERIFIED, baseline)

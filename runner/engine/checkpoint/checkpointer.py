@@ -64,6 +64,7 @@ from runner.engine.checkpoint.loading import (
     restore_engine_metadata,
 )
 from runner.engine.checkpoint.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
+from runner.engine.checkpoint.manifest_schema import check_metadata
 from runner.engine.distributed import DistributedEnvironment, barrier
 from runner.engine.ops import broadcast_object_list
 from runner.engine.parallel.base import unwrap_module
@@ -131,7 +132,7 @@ def save_training_state(
         after_commit: Called on rank 0 once the checkpoint is committed (rotation, say).
         committer: Write the manifest and commit on this executor (rank 0), and return as soon as
             every rank's files are written and hashed. The folder still appears only once complete.
-        checksum: The digest the manifest records of each file's slices (``manifest.CHECKSUMS``).
+        checksum: The digest the manifest records of each file's slices (``manifest_schema.CHECKSUMS``).
         background: Copy the state to host memory and return; every rank writes, hashes and commits in
             these background saves (see :mod:`runner.engine.checkpoint.async_saves`).
 
@@ -143,7 +144,7 @@ def save_training_state(
     mid_cycle = prepared.gradient_state.step % prepared.gradient_state.num_steps != 0
     prepared.strategy.check_save(mid_cycle=mid_cycle)
     metadata = metadata or {}
-    manifests.check_metadata(metadata)
+    check_metadata(metadata)
     metadata = json.loads(json.dumps(metadata))  # a copy: the caller may change theirs once this returns
     rank = prepared.env.rank
     staging, writer = StagingFolder(staging_dir(target)), None

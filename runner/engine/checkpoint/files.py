@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from runner.engine.checkpoint.manifest import CheckpointError, file_entries
-from runner.engine.checkpoint.serialization import save_safetensors, torch_save
+from runner.engine.checkpoint.serialization import save_safetensors
+from runner.engine.checkpoint.torch_files import torch_save
 from runner.engine.constants import (
     SCALER_NAME,
     SCHEDULER_NAME,

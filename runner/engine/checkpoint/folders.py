@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.engine.checkpoint.manifest import (
-    CHECKSUMS,
     DEFAULT_CHECKSUM,
     CheckpointError,
     CheckpointNotFoundError,
     read_manifest,
 )
+from runner.engine.checkpoint.manifest_schema import CHECKSUMS
 from runner.engine.constants import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, INCOMPLETE_SUFFIX, MANIFEST_NAME
 from runner.files import fsync_path
 

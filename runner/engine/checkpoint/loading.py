@@ -5,7 +5,7 @@ loading follows what it records, never the files it finds: the strategy that sav
 optimizers (``state_format``), how many objects of each kind, the world size. The prepared
 strategy loads the model and optimizer state (see :mod:`runner.engine.parallel.base`); the rest is
 the same under every strategy and is loaded here, reading tensors with safetensors and everything
-else with ``torch.load(weights_only=True)`` (see :func:`runner.engine.checkpoint.serialization.torch_load`).
+else with ``torch.load(weights_only=True)`` (see :func:`runner.engine.checkpoint.torch_files.torch_load`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from runner.engine.checkpoint.manifest import (
     share_of,
     take_verified,
 )
-from runner.engine.checkpoint.serialization import load_safetensors, torch_load
+from runner.engine.checkpoint.serialization import load_safetensors
+from runner.engine.checkpoint.torch_files import torch_load
 from runner.engine.constants import (
     DCP_METADATA_NAME,
     SCALER_NAME,

@@ -28,15 +28,17 @@ Format 4 manifests (sha256 of every slice, listed as ``sha256_chunks``) still ve
 formats 2 and 3 are refused: they carry no digest, so accepting them would let any edit pass by
 lowering the format number. Checkpoints saved by those versions are listed as damaged, and resuming
 a run folder falls back past them.
+
+What every field must be, the listed files against ``contents`` and the manifest's own digest are checked
+by :mod:`runner.engine.checkpoint.manifest_schema`; this module hashes the files, writes the manifest,
+and reads it back with the files it lists.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import os
-import re
 import stat
 import time
 from collections.abc import Collection, Sequence
@@ -44,34 +46,23 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
-import xxhash
-
-from runner.engine.constants import (
-    DCP_METADATA_NAME,
-    MANIFEST_NAME,
-    MODEL_NAME,
-    OPTIMIZER_NAME,
-    SCALER_NAME,
-    SCHEDULER_NAME,
-    VERIFIED_CHECKPOINT_ENV,
-    custom_state_name,
-    gradients_name,
-    indexed_name,
-    rng_state_name,
+from runner.engine.checkpoint.manifest_schema import (
+    CHECKSUMS,
+    MANIFEST_FORMAT,
+    SHA256_FORMAT,
+    checksum_of,
+    is_positive,
+    listed_digests,
+    manifest_digest,
+    manifest_problem,
 )
+from runner.engine.constants import MANIFEST_NAME, VERIFIED_CHECKPOINT_ENV
 from runner.files import write_text_atomically
 
-MANIFEST_FORMAT = 5
-SHA256_FORMAT = 4  # every slice's sha256 as sha256_chunks; still read
 # Files are hashed in slices of this many bytes, all slices of all files in parallel threads (xxhash
 # and hashlib release the GIL): verifying costs a fraction of one core per slice, not one core per file.
 CHUNK_BYTES = 32 << 20
-STATE_FORMATS = ("safetensors", "dcp")
-# The slice digests a manifest can record, and how many hex digits each has.
-CHECKSUMS = {"xxh3_128": (xxhash.xxh3_128, 32), "sha256": (hashlib.sha256, 64)}
 DEFAULT_CHECKSUM = "xxh3_128"
-_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
-_HEX = re.compile(r"[0-9a-f]+")
 
 
 class CheckpointError(ValueError):
@@ -80,76 +71,6 @@ class CheckpointError(ValueError):
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """The checkpoint folder does not exist."""
-
-
-def _count(value: Any) -> bool:
-    return type(value) is int and value >= 0
-
-
-def _positive(value: Any) -> bool:
-    return type(value) is int and value >= 1
-
-
-def _count_or_null(value: Any) -> bool:
-    return value is None or _count(value)
-
-
-_COUNT, _POSITIVE, _COUNT_OR_NULL = "a non-negative integer", "a positive integer", "a non-negative integer or null"
-# What the engine writes itself; save_state(metadata=...) cannot set these keys.
-_OWN_FIELDS = {
-    "format": (_positive, _POSITIVE),
-    "chunk_bytes": (
-        lambda value: _positive(value) and value % mmap.ALLOCATIONGRANULARITY == 0,  # slices are mapped at it
-        f"a positive multiple of {mmap.ALLOCATIONGRANULARITY}",
-    ),
-    "world_size": (_positive, _POSITIVE),
-    "iteration": (_count_or_null, _COUNT_OR_NULL),
-    "created": (lambda value: isinstance(value, str), "a string"),
-    "state_format": (lambda value: value in STATE_FORMATS, " or ".join(map(repr, STATE_FORMATS))),
-    "contents": (lambda value: isinstance(value, dict), "an object"),
-    "files": (lambda value: isinstance(value, dict), "an object"),
-    "digest": (lambda value: isinstance(value, str) and _HEX_DIGEST.fullmatch(value), "a sha256 hex digest"),
-}
-_CHECKSUM_FIELDS = {"checksum": (lambda value: value in CHECKSUMS, " or ".join(map(repr, CHECKSUMS)))}
-# Only in a node's copy of a checkpoint saved with save_on_each_node (checked against world_size below).
-_NODE_LOCAL_FIELDS = {
-    "node_local_ranks": (
-        lambda value: (
-            isinstance(value, list) and bool(value) and all(map(_count, value)) and value == sorted(set(value))
-        ),
-        "a non-empty ascending list of distinct ranks",
-    ),
-}
-# The facts engine_metadata records (a bare save_training_state may leave them out).
-_POSITION_FIELDS = {
-    "step": (_count_or_null, _COUNT_OR_NULL),
-    "epoch": (_count_or_null, _COUNT_OR_NULL),
-    "optimizer_steps": (
-        lambda value: isinstance(value, list) and all(map(_count, value)),
-        "a list of non-negative integers",
-    ),
-    "accumulation_step": (_count, _COUNT),
-    "accumulation_steps": (_positive, _POSITIVE),
-    "dataloaders": (
-        lambda value: isinstance(value, list) and all(isinstance(d, dict) for d in value),
-        "a list of objects",
-    ),
-}
-_LOADER_FIELDS = {"epoch": (_count, _COUNT), "samples_seen": (_count, _COUNT)}
-_BATCH_LOADER_FIELDS = {"batches_seen": (_count, _COUNT)}  # a loader that keeps the user's batches whole
-# What a plain shuffle drew its pass from (runner.engine.data.sampling.PlainShuffle).
-_SHUFFLE_FIELDS = {
-    "generators": (
-        lambda value: isinstance(value, list) and all(isinstance(state, str) for state in value),
-        "a list of strings",
-    ),
-    "draw_seed": (lambda value: value is None or type(value) is int, "an integer or null"),
-    "replay": (lambda value: isinstance(value, bool), "true or false"),
-}
-_CONTENTS_FIELDS = {
-    **dict.fromkeys(("models", "optimizers", "schedulers", "custom_objects", "dataloaders"), (_count, _COUNT)),
-    **dict.fromkeys(("scaler", "gradients"), (lambda value: isinstance(value, bool), "true or false")),
-}
 
 
 class Slice(NamedTuple):
@@ -205,20 +126,6 @@ def file_entries(
     for piece, digest in zip(slices, hash_slices(folder, slices, checksum), strict=True):
         entries[piece.name]["digests"].append(digest)
     return entries
-
-
-def checksum_of(manifest: dict[str, Any]) -> str:
-    """The digest a checked manifest records its files' slices with."""
-    return "sha256" if manifest["format"] == SHA256_FORMAT else manifest["checksum"]
-
-
-def _digests_key(manifest: dict[str, Any]) -> str:
-    return "sha256_chunks" if manifest["format"] == SHA256_FORMAT else "digests"
-
-
-def listed_digests(manifest: dict[str, Any], name: str) -> list[str]:
-    """The digests a checked manifest lists for the slices of file ``name``."""
-    return manifest["files"][name][_digests_key(manifest)]
 
 
 def manifest_slices(manifest: dict[str, Any], names: Collection[str] | None = None) -> list[Slice]:
@@ -282,32 +189,6 @@ def take_verified(checkpoint: Path, manifest: dict[str, Any]) -> bool:
     return True
 
 
-def manifest_digest(manifest: dict[str, Any]) -> str:
-    """sha256 of the manifest's canonical JSON (sorted keys, no spaces), leaving out its ``digest``."""
-    content = {key: value for key, value in manifest.items() if key != "digest"}
-    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def check_metadata(metadata: dict[str, Any]) -> None:
-    """Refuse ``save_state(metadata=...)`` that the manifest cannot hold, or that would make it read as damaged.
-
-    Raises:
-        ValueError: One sentence naming the key.
-    """
-    taken = sorted(set(metadata) & (set(_OWN_FIELDS) | set(_CHECKSUM_FIELDS) | set(_NODE_LOCAL_FIELDS)))
-    if taken:
-        raise ValueError(f"save_state(metadata=...) sets {taken[0]!r}, which the manifest records itself; rename it.")
-    try:
-        json.dumps(metadata)
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            f"save_state(metadata=...) is not JSON ({error}); pass numbers, strings, lists and dicts."
-        ) from None
-    problem = _fields_problem(metadata, _POSITION_FIELDS, required=False) or _loaders_problem(metadata)
-    if problem:
-        raise ValueError(f"save_state(metadata=...): {problem}; pass a value of that type.")
-
-
 def write_manifest(
     staging: Path,
     *,
@@ -324,7 +205,7 @@ def write_manifest(
 
     Args:
         node_local_ranks: The ranks whose files this node's copy holds, under save_on_each_node (else None).
-        checksum: The slices' digest (a key of :data:`CHECKSUMS`).
+        checksum: The slices' digest (a key of :data:`~runner.engine.checkpoint.manifest_schema.CHECKSUMS`).
         entries: What the ranks that wrote some of the files already hashed (:func:`file_entries`);
             every other file is hashed here.
     """
@@ -401,145 +282,15 @@ def _parse(manifest_path: Path) -> dict[str, Any]:
         problem = f"it is not valid JSON ({str(error).splitlines()[0]})"
     else:
         format_ = manifest.get("format") if isinstance(manifest, dict) else None
-        if _positive(format_) and format_ < SHA256_FORMAT:
+        if is_positive(format_) and format_ < SHA256_FORMAT:
             raise CheckpointError(
                 f"{manifest_path}: format is {format_}, not {MANIFEST_FORMAT}: it was written by an earlier version "
                 "and carries no digest of its own, so load a checkpoint saved by this version or start a new run."
             )
-        problem = _manifest_problem(manifest)
+        problem = manifest_problem(manifest)
     if problem:
         raise CheckpointError(f"{manifest_path}: {problem}; the manifest is damaged, so load a different checkpoint.")
     return manifest
-
-
-def _manifest_problem(manifest: Any) -> str | None:
-    if not isinstance(manifest, dict):
-        return "it is not a JSON object"
-    if manifest.get("format") not in (None, SHA256_FORMAT, MANIFEST_FORMAT):
-        return f"format is {_shown(manifest['format'])}, not {MANIFEST_FORMAT}"
-    return (
-        _fields_problem(manifest, _OWN_FIELDS, required=True)
-        or (None if manifest["format"] == SHA256_FORMAT else _fields_problem(manifest, _CHECKSUM_FIELDS, required=True))
-        or _fields_problem(manifest, _POSITION_FIELDS, required=False)
-        or _fields_problem(manifest, _NODE_LOCAL_FIELDS, required=False)
-        or _node_local_problem(manifest)
-        or _fields_problem(manifest["contents"], _CONTENTS_FIELDS, required=True, prefix="contents.")
-        or _loaders_problem(manifest)
-        or _files_problem(manifest)
-        or (None if manifest["digest"] == manifest_digest(manifest) else _DIGEST_PROBLEM)
-        or _contents_problem(manifest)
-    )
-
-
-def _node_local_problem(manifest: dict) -> str | None:
-    ranks = manifest.get("node_local_ranks", [])
-    if ranks and ranks[-1] >= manifest["world_size"]:
-        return f"node_local_ranks lists rank {ranks[-1]}, outside world_size {manifest['world_size']}"
-    return None
-
-
-_DIGEST_PROBLEM = "its digest does not match its content (it was edited or damaged after the save)"
-
-
-def _fields_problem(record: dict, fields: dict, *, required: bool, prefix: str = "") -> str | None:
-    for key, (valid, wanted) in fields.items():
-        if key not in record:
-            if required:
-                return f"{prefix}{key} is missing"
-        elif not valid(record[key]):
-            return f"{prefix}{key} is {_shown(record[key])}, not {wanted}"
-    return None
-
-
-def _loaders_problem(record: dict) -> str | None:
-    for index, position in enumerate(record.get("dataloaders", [])):
-        problem = _fields_problem(position, _LOADER_FIELDS, required=True, prefix=f"dataloaders[{index}].")
-        if problem:
-            return problem
-        if "seed" in position and type(position["seed"]) is not int:
-            return f"dataloaders[{index}].seed is {_shown(position['seed'])}, not an integer"
-        problem = _fields_problem(position, _SHUFFLE_FIELDS, required=False, prefix=f"dataloaders[{index}].")
-        if problem:
-            return problem
-        problem = _fields_problem(position, _BATCH_LOADER_FIELDS, required=False, prefix=f"dataloaders[{index}].")
-        if problem:
-            return problem
-    return None
-
-
-def _files_problem(manifest: dict) -> str | None:
-    """A listed name that leaves the folder, or an entry without a size and one digest per slice."""
-    files, chunk_bytes, checksum = manifest["files"], manifest["chunk_bytes"], checksum_of(manifest)
-    key = _digests_key(manifest)
-    hex_digits = CHECKSUMS[checksum][1]
-    for name, entry in files.items():
-        if not _is_inside(name):
-            return f"files lists {_shown(name, limit=240)}, which is not a path inside the checkpoint folder"
-        if not isinstance(entry, dict):
-            return f"files[{name!r}] is {_shown(entry)}, not an object"
-        if not _count(entry.get("bytes")):
-            return f"files[{name!r}].bytes is {_shown(entry.get('bytes'))}, not {_COUNT}"
-        digests = entry.get(key)
-        slices = max(1, -(-entry["bytes"] // chunk_bytes))
-        if not isinstance(digests, list) or not all(
-            isinstance(d, str) and len(d) == hex_digits and _HEX.fullmatch(d) for d in digests
-        ):
-            return f"files[{name!r}].{key} is {_shown(digests)}, not a list of {checksum} hex digests"
-        if len(digests) != slices:
-            return f"files[{name!r}].{key} has {len(digests)} digests, not {slices} for {entry['bytes']} bytes"
-    return None
-
-
-def _is_inside(name: str) -> bool:
-    """A relative POSIX path in its normal form, without ``..``: it cannot name anything outside the folder."""
-    path = PurePosixPath(name)
-    return (
-        bool(name)
-        and "\\" not in name
-        and "\0" not in name
-        and not path.is_absolute()
-        and path.as_posix() == name
-        and ".." not in path.parts
-        and name != MANIFEST_NAME
-    )
-
-
-def _contents_problem(manifest: dict) -> str | None:
-    """A file that ``contents`` and ``state_format`` call for but ``files`` does not list."""
-    contents, files = manifest["contents"], manifest["files"]
-    if "dataloaders" in manifest and len(manifest["dataloaders"]) != contents["dataloaders"]:
-        return f"dataloaders lists {len(manifest['dataloaders'])} position(s), not contents.dataloaders"
-    if "optimizer_steps" in manifest and len(manifest["optimizer_steps"]) != contents["optimizers"]:
-        return f"optimizer_steps lists {len(manifest['optimizer_steps'])} count(s), not contents.optimizers"
-    step, steps = manifest.get("accumulation_step", 0), manifest.get("accumulation_steps", 1)
-    if (step % steps != 0) != contents["gradients"]:  # gradients are saved exactly in the middle of a cycle
-        gradients = json.dumps(contents["gradients"])
-        return f"contents.gradients is {gradients}, but accumulation_step {step} of {steps} says otherwise"
-    missing = sorted(expected_files(manifest) - set(files))
-    if missing:
-        return f"files does not list {missing[0]}, which its contents and state_format call for"
-    return None
-
-
-def expected_files(manifest: dict[str, Any]) -> set[str]:
-    """The engine's files a checkpoint with this ``contents``, ``state_format`` and world size holds (a node's
-    copy: the per-rank files of its ``node_local_ranks`` only)."""
-    contents = manifest["contents"]
-    ranks = manifest.get("node_local_ranks", range(manifest["world_size"]))
-    if manifest["state_format"] == "dcp":
-        names = {f"{indexed_name(MODEL_NAME, i, '')}/{DCP_METADATA_NAME}" for i in range(contents["models"])}
-        names |= {f"{indexed_name(OPTIMIZER_NAME, i, '')}/{DCP_METADATA_NAME}" for i in range(contents["optimizers"])}
-    else:
-        names = {indexed_name(MODEL_NAME, i, ".safetensors") for i in range(contents["models"])}
-        names |= {indexed_name(OPTIMIZER_NAME, i, ".bin") for i in range(contents["optimizers"])}
-    names |= {indexed_name(SCHEDULER_NAME, i, ".bin") for i in range(contents["schedulers"])}
-    names |= {custom_state_name(i) for i in range(contents["custom_objects"])}
-    names |= {rng_state_name(rank) for rank in ranks}
-    if contents["gradients"]:
-        names |= {gradients_name(rank) for rank in ranks}
-    if contents["scaler"]:
-        names.add(SCALER_NAME)
-    return names
 
 
 def _check_size(checkpoint: Path, name: str, size: int) -> None:
@@ -567,9 +318,3 @@ def _check_size(checkpoint: Path, name: str, size: int) -> None:
 def _symlink_sentence(listed: Path, link: Path) -> str:
     where = f"{link} is a symbolic link" if listed == link else f"{listed} goes through the symbolic link {link}"
     return f"{where}; a checkpoint holds only its own files, so load a different checkpoint."
-
-
-def _shown(value: Any, limit: int = 60) -> str:
-    """A value as the sentence shows it: its repr, cut short."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

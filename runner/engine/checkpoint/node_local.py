@@ -52,6 +52,7 @@ from runner.engine.checkpoint.folders import checkpoint_to_load as find_checkpoi
 from runner.engine.checkpoint.loading import load_training_state as load_whole_state
 from runner.engine.checkpoint.loading import restore_engine_metadata, verify_together
 from runner.engine.checkpoint.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
+from runner.engine.checkpoint.manifest_schema import check_metadata
 from runner.engine.constants import CHECKPOINT_PREFIX
 from runner.engine.distributed import DistributedEnvironment
 from runner.engine.ops import gather_object
@@ -188,7 +189,7 @@ def save_training_state(
     mid_cycle = prepared.gradient_state.step % prepared.gradient_state.num_steps != 0
     prepared.strategy.check_save(mid_cycle=mid_cycle)
     metadata = metadata or {}
-    manifests.check_metadata(metadata)
+    check_metadata(metadata)
     node = node_of(prepared.env)
     rank, owns = prepared.env.rank, prepared.env.rank == node.owner
     staging = StagingFolder(staging_dir(target))

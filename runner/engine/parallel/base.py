@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from runner.engine.checkpoint.manifest import CheckpointError
-from runner.engine.checkpoint.serialization import copied_out
+from runner.engine.checkpoint.torch_files import copied_out
 from runner.engine.constants import MODEL_NAME, OPTIMIZER_NAME, indexed_name
 
 
@@ -187,7 +187,7 @@ def save_whole_state(
 
 def load_optimizer_file(checkpoint: CheckpointReader, index: int, *, mapped: bool = False) -> dict:
     """Optimizer ``index``'s whole state, from a checkpoint in the replicated format (``mapped``: see
-    :func:`runner.engine.checkpoint.serialization.torch_load`)."""
+    :func:`runner.engine.checkpoint.torch_files.torch_load`)."""
     name = indexed_name(OPTIMIZER_NAME, index, ".bin")
     checkpoint.require(name)
     return checkpoint.load_object(name, mapped=mapped)

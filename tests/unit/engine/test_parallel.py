@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from runner.engine import Accelerator, CheckpointError, FullyShardedDataParallelPlugin
-from runner.engine.checkpoint.serialization import load_safetensors, save_safetensors, torch_load
+from runner.engine.checkpoint.serialization import load_safetensors, save_safetensors
+from runner.engine.checkpoint.torch_files import torch_load
 from runner.engine.distributed import DistributedEnvironment
 from runner.engine.parallel import (
     DDPStrategy,

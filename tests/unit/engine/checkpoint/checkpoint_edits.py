@@ -7,7 +7,8 @@ import pickle
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from runner.engine.checkpoint.manifest import file_entries, manifest_digest
+from runner.engine.checkpoint.manifest import file_entries
+from runner.engine.checkpoint.manifest_schema import manifest_digest
 
 
 class CreatesFile:

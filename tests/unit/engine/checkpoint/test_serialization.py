@@ -14,9 +14,8 @@ from runner.engine.checkpoint.serialization import (
     load_state_dict_files,
     parse_size,
     save_model_files,
-    torch_load,
-    torch_save,
 )
+from runner.engine.checkpoint.torch_files import torch_load, torch_save
 from runner.engine.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 

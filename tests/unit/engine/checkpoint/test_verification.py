@@ -19,6 +19,7 @@ from runner.engine import (
 )
 from runner.engine.checkpoint import manifest as manifests
 from runner.engine.checkpoint.manifest import mark_verified, read_manifest
+from runner.engine.checkpoint.manifest_schema import CHECKSUMS
 
 _FIXED_SEED = 0
 
@@ -104,7 +105,7 @@ def test_a_save_lists_every_file_with_xxh3_128_digests_of_its_slices(checkpoints
     }  # fmt: skip
     for name, entry in manifest["files"].items():
         data = (checkpoints["replicated"] / name).read_bytes()
-        assert entry == {"bytes": len(data), "digests": [manifests.CHECKSUMS["xxh3_128"][0](data).hexdigest()]}
+        assert entry == {"bytes": len(data), "digests": [CHECKSUMS["xxh3_128"][0](data).hexdigest()]}
 
 
 def _every_file(kind: str) -> list[tuple[str, str]]:
