@@ -114,7 +114,7 @@ def check_recipe(recipe: str) -> None:
     Raises:
         ConfigError: one sentence naming the recipe and the fix.
     """
-    from runner.validation import recipe_module
+    from runner.recipe_validation import recipe_module
 
     module_name = recipe_module(recipe)
     try:

@@ -1,8 +1,9 @@
 """The checks of a composed config that its schema's types cannot express: ranges, choices, combinations.
 
-Each failure is one :class:`~runner.config.ConfigError` sentence naming the key and the fix.
-Nothing here imports torch, except :func:`check_devices` and :func:`check_hardware`, which look at
-the machine.
+:func:`validate` runs them all: the trainer, project, trackers, options and parallel layout here, and what
+the run trains (recipe, data, model, loss, metrics, objective) in :mod:`runner.recipe_validation`. Each
+failure is one :class:`~runner.config.ConfigError` sentence naming the key and the fix. Nothing here
+imports torch, except :func:`check_devices` and :func:`check_hardware`, which look at the machine.
 """
 
 from __future__ import annotations
@@ -11,18 +12,14 @@ import difflib
 import importlib.util
 import math
 import os
-import re
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from runner.config import (
-    CHAR_CORPUS,
     CHECKSUM_CHOICES,
-    DIRECTIONS,
     DP_SHARD_AUTO,
     MIXED_PRECISION_CHOICES,
-    MODEL_COMPUTES_LOSS,
     RECIPES,
     STRATEGIES,
     TP_STYLES,
@@ -30,38 +27,15 @@ from runner.config import (
     WANDB_MODES,
     ConfigError,
     FSDPConfig,
-    GPTConfig,
 )
-
-_SPLIT = re.compile(r"^(?P<name>[A-Za-z_]\w*)(\[(?P<start>-?\d+%?)?:(?P<stop>-?\d+%?)?\])?$")
-
-
-def check_split(key: str, value: str) -> None:
-    if not _SPLIT.match(value):
-        raise ConfigError(
-            f"{key}={value!r} is not a split; write a name with an optional slice, like 'train', 'test[:8000]' "
-            "or 'train[:10%]'."
-        )
-
-
-def _at_least(cfg: DictConfig, key: str, minimum: int | float, *, optional: bool = False) -> None:
-    value = OmegaConf.select(cfg, key)
-    if value is None and optional:
-        return
-    if value is None or value < minimum:
-        hint = " (or null)" if optional else ""
-        raise ConfigError(f"{key}={value} must be at least {minimum}{hint}.")
-
-
-def _choice(cfg: DictConfig, key: str, choices: tuple[str, ...]) -> None:
-    _one_of(key, OmegaConf.select(cfg, key), choices)
-
-
-def _one_of(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        close = difflib.get_close_matches(str(value), choices, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"{key}={value!r} is not supported{hint}; use one of {', '.join(choices)}.")
+from runner.recipe_validation import (
+    check_data,
+    check_loss_and_metrics,
+    check_objective,
+    check_recipe_fits,
+    recipe_module,
+)
+from runner.value_checks import at_least, choice, one_of
 
 
 def validate(cfg: DictConfig) -> None:
@@ -132,7 +106,7 @@ def _unresolved(error: Exception) -> ConfigError:
 
 
 def _validate(cfg: DictConfig) -> None:
-    _choice(cfg, "trainer.mixed_precision", MIXED_PRECISION_CHOICES)
+    choice(cfg, "trainer.mixed_precision", MIXED_PRECISION_CHOICES)
     processes = cfg.trainer.num_processes
     if processes != "auto" and not (isinstance(processes, int) and not isinstance(processes, bool) and processes >= 1):
         raise ConfigError(f"trainer.num_processes={processes!r} must be a positive integer or 'auto'.")
@@ -142,35 +116,35 @@ def _validate(cfg: DictConfig) -> None:
             f"trainer.num_processes={processes} is more than this machine's {cores} CPU cores; start at most "
             f"{cores} processes per node (trainer.num_nodes spreads a run over machines)."
         )
-    _at_least(cfg, "trainer.num_nodes", 1)
+    at_least(cfg, "trainer.num_nodes", 1)
     if not 0 <= cfg.trainer.node_rank < cfg.trainer.num_nodes:
         raise ConfigError(
             f"trainer.node_rank={cfg.trainer.node_rank} must be between 0 and trainer.num_nodes-1 "
             f"({cfg.trainer.num_nodes - 1})."
         )
-    _at_least(cfg, "trainer.max_epochs", 1)
-    _at_least(cfg, "trainer.max_steps", 1, optional=True)
-    _at_least(cfg, "trainer.gradient_accumulation_steps", 1)
-    _at_least(cfg, "trainer.max_restarts", 0)
-    _at_least(cfg, "trainer.rdzv_timeout", 1)
+    at_least(cfg, "trainer.max_epochs", 1)
+    at_least(cfg, "trainer.max_steps", 1, optional=True)
+    at_least(cfg, "trainer.gradient_accumulation_steps", 1)
+    at_least(cfg, "trainer.max_restarts", 0)
+    at_least(cfg, "trainer.rdzv_timeout", 1)
     if cfg.trainer.max_grad_norm is not None and cfg.trainer.max_grad_norm <= 0:
         raise ConfigError(f"trainer.max_grad_norm={cfg.trainer.max_grad_norm} must be positive (or null).")
     for cadence in ("log_every_n_steps", "eval_every_n_steps", "checkpoint_every_n_steps"):
-        _at_least(cfg, f"trainer.{cadence}", 1, optional=True)
-    _at_least(cfg, "data.batch_size", 1)
-    _at_least(cfg, "data.eval_batch_size", 1)
-    _at_least(cfg, "data.num_workers", 0)
-    _check_data(cfg)
-    _at_least(cfg, "project.total_limit", 1, optional=True)
-    _choice(cfg, "project.checksum", CHECKSUM_CHOICES)
-    _at_least(cfg, "project.iteration", 0)
+        at_least(cfg, f"trainer.{cadence}", 1, optional=True)
+    at_least(cfg, "data.batch_size", 1)
+    at_least(cfg, "data.eval_batch_size", 1)
+    at_least(cfg, "data.num_workers", 0)
+    check_data(cfg)
+    at_least(cfg, "project.total_limit", 1, optional=True)
+    choice(cfg, "project.checksum", CHECKSUM_CHOICES)
+    at_least(cfg, "project.iteration", 0)
     if not 0 <= cfg.seed < 2**63:
         raise ConfigError(f"seed={cfg.seed} must be between 0 and 2**63-1 (torch's generators take 64 bits).")
     _check_option_values(cfg)
     _check_trackers(cfg)
-    _choice(cfg, "parallel.strategy", STRATEGIES)
+    choice(cfg, "parallel.strategy", STRATEGIES)
     if cfg.parallel.strategy == "fsdp":
-        _choice(cfg, "parallel.state_dict", ("sharded", "full"))
+        choice(cfg, "parallel.state_dict", ("sharded", "full"))
         _check_mesh(cfg)
     several = (processes != "auto" and processes > 1) or cfg.trainer.num_nodes > 1
     if several and cfg.parallel.strategy == "none":
@@ -198,9 +172,9 @@ def _validate(cfg: DictConfig) -> None:
             "line, e.g. 'data.eval={_target_:runner.data.MNIST,root:data,split:test}'."
         )
     recipe_module(cfg.recipe)
-    _check_loss_and_metrics(cfg)
-    _check_recipe_fits(cfg)
-    _check_objective(cfg)
+    check_loss_and_metrics(cfg)
+    check_recipe_fits(cfg)
+    check_objective(cfg)
 
 
 _TRACKER_PACKAGES = {"mlflow": "mlflow", "wandb": "wandb"}
@@ -236,7 +210,7 @@ def _check_trackers(cfg: DictConfig) -> None:
         )
     mode = OmegaConf.select(cfg, "tracker.wandb.mode")
     if "wandb" in trackers and mode not in WANDB_MODES:
-        _one_of("tracker.wandb.mode", mode, WANDB_MODES)
+        one_of("tracker.wandb.mode", mode, WANDB_MODES)
 
 
 def _check_option_values(cfg: DictConfig) -> None:
@@ -287,7 +261,7 @@ def _check_mesh(cfg: DictConfig) -> None:
             "tp_plan."
         )
     for pattern, style in (plan or {}).items():
-        _one_of(f"parallel.tp_plan[{pattern!r}]", style, TP_STYLES)
+        one_of(f"parallel.tp_plan[{pattern!r}]", style, TP_STYLES)
     if plan is None and sizes["tp"] > 1:  # a plan of the user's own may leave the attention whole
         _check_whole_heads(cfg, sizes["tp"])
 
@@ -327,151 +301,6 @@ def _check_whole_heads(cfg: DictConfig, tp: int) -> None:
             f"tensor-parallel group holds whole attention heads; choose parallel.tp from {', '.join(fitting)}, or "
             "resize the model."
         )
-
-
-def _is_node(value: Any) -> bool:
-    return isinstance(value, DictConfig) and "_target_" in value
-
-
-def _check_data(cfg: DictConfig) -> None:
-    """The datasets are ``_target_`` nodes, the loader options fit them, the presets' splits parse."""
-    data = cfg.data
-    if not _is_node(data.train):
-        raise ConfigError(
-            f"data.train={OmegaConf.select(cfg, 'data.train')!r} must be a node with a _target_ that builds the "
-            "train dataset, e.g. {_target_: mylab.data.MyDataset, ...}; see `python -m runner --cfg job data=mnist`."
-        )
-    if data.eval is not None and not _is_node(data.eval):
-        raise ConfigError(
-            f"data.eval={data.eval!r} must be a node with a _target_ that builds the eval dataset, or null for no "
-            "evaluation."
-        )
-    if data.collate_fn is not None and not (_is_node(data.collate_fn) and data.collate_fn.get("_partial_")):
-        raise ConfigError(
-            "data.collate_fn must be a _target_ node with _partial_: true (a function called with each list of "
-            "samples), or null for torch's default collation."
-        )
-    if data.persistent_workers and data.num_workers == 0:
-        raise ConfigError("data.persistent_workers=true needs worker processes; set data.num_workers to 1 or more.")
-    for key in ("train_split", "eval_split"):
-        if data[key] is not None:
-            check_split(f"data.{key}", data[key])
-    if data.val_fraction is not None and not 0 < data.val_fraction < 1:
-        raise ConfigError(f"data.val_fraction={data.val_fraction} must be between 0 and 1 (exclusive), e.g. 0.1.")
-    _at_least(cfg, "data.samples_per_epoch", 1, optional=True)
-
-
-def _check_loss_and_metrics(cfg: DictConfig) -> None:
-    loss = cfg.loss
-    supervised = RECIPES.get(cfg.recipe) == RECIPES["supervised"]
-    if not (loss == MODEL_COMPUTES_LOSS or _is_node(loss) or (loss is None and not supervised)):
-        raise ConfigError(
-            f"loss={loss!r} must be a _target_ node called as loss(outputs, targets) (e.g. "
-            "{_target_: torch.nn.CrossEntropyLoss}), or 'model' when the model returns its own loss."
-        )
-    metrics = cfg.metrics
-    if metrics is None:
-        return
-    if not isinstance(metrics, DictConfig):
-        raise ConfigError(f"metrics={metrics!r} must map names to _target_ nodes, e.g. {{accuracy: {{_target_: ..}}}}.")
-    for name, node in metrics.items():
-        if node is None:  # metrics.accuracy=null switches one off
-            continue
-        if "/" in str(name) or not _is_node(node):
-            raise ConfigError(
-                f"metrics.{name} must be a _target_ node of a metric (a torchmetrics Metric, or an object with "
-                "update(outputs, targets), compute() and reset()), under a name without '/'."
-            )
-
-
-def produced_metrics(cfg: DictConfig) -> list[str] | None:
-    """The metrics the built-in recipes log for ``cfg`` (None for a user's recipe: anything goes)."""
-    if cfg.recipe not in RECIPES:
-        return None
-    if cfg.recipe == "language_model":
-        return ["eval/loss", "eval/perplexity", "train/loss"]
-    if cfg.data.eval is None:
-        return ["train/loss"]
-    declared = [name for name, node in (cfg.metrics or {}).items() if node is not None]
-    return ["eval/loss", *(f"eval/{name}" for name in declared), "train/loss"]
-
-
-def _check_objective(cfg: DictConfig) -> None:
-    _choice(cfg, "objective.direction", DIRECTIONS)
-    produced = produced_metrics(cfg)
-    metric = cfg.objective.metric
-    if produced is None or metric in produced:
-        return
-    close = difflib.get_close_matches(metric, produced, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    why = " (data.eval is null, so nothing is evaluated)" if cfg.data.eval is None else ""
-    raise ConfigError(
-        f"objective.metric={metric!r} is not logged by this run{why}{hint}; choose one of {', '.join(produced)}."
-    )
-
-
-def _check_recipe_fits(cfg: DictConfig) -> None:
-    """The built-in recipes' needs: a dataset of their kind, and for the language model a context length."""
-    corpus = OmegaConf.select(cfg, "data.train._target_") == CHAR_CORPUS
-    language = cfg.recipe == "language_model"
-    if language and not corpus:
-        raise ConfigError(
-            f"recipe=language_model trains on {CHAR_CORPUS} (a character vocabulary and windows), not "
-            f"data.train._target_={OmegaConf.select(cfg, 'data.train._target_')!r}; use data=shakespeare_char "
-            "(or experiment=shakespeare_gpt)."
-        )
-    if language and OmegaConf.select(cfg, "model.block_size") is None:
-        raise ConfigError("recipe=language_model needs a model with a block_size; use model=gpt.")
-    if cfg.data.samples_per_epoch is not None and not language:
-        raise ConfigError(
-            f"data.samples_per_epoch applies to recipe=language_model, not recipe={cfg.recipe}; leave it null (an "
-            "epoch is one pass over the train dataset)."
-        )
-    supervised = RECIPES.get(cfg.recipe) == RECIPES["supervised"]
-    if supervised and corpus:
-        raise ConfigError(
-            f"recipe={cfg.recipe} cannot train on the text corpus {CHAR_CORPUS}; use recipe=language_model "
-            "(or experiment=shakespeare_gpt)."
-        )
-    gpt = OmegaConf.select(cfg, "model._target_") == GPTConfig._target_
-    if supervised and gpt:
-        raise ConfigError(f"recipe={cfg.recipe} cannot train model=gpt, a language model; use recipe=language_model.")
-    if language and cfg.metrics:
-        raise ConfigError(
-            "recipe=language_model logs its own eval/loss and eval/perplexity; set metrics={} (metrics are for "
-            "recipe=supervised)."
-        )
-    if gpt:
-        _at_least(cfg, "model.block_size", 1)
-        _at_least(cfg, "model.n_layer", 1)
-        _at_least(cfg, "model.n_head", 1)
-        if cfg.model.n_embd < 1 or cfg.model.n_embd % cfg.model.n_head:
-            raise ConfigError(
-                f"model.n_embd={cfg.model.n_embd} must be a positive multiple of model.n_head={cfg.model.n_head}."
-            )
-        if not 0 <= cfg.model.dropout < 1:
-            raise ConfigError(f"model.dropout={cfg.model.dropout} must be at least 0 and below 1.")
-
-
-def recipe_module(recipe: str) -> str:
-    """The module that holds ``recipe``'s ``train(cfg, accelerator)``; checked without importing it."""
-    module = RECIPES.get(recipe, recipe)
-    try:
-        found = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        found = None
-    if found is None and recipe in RECIPES:
-        raise ConfigError(
-            f"recipe={recipe!r} lives in {module}, which is not importable; reinstall the project (pip install -e .)."
-        )
-    if found is None:
-        close = difflib.get_close_matches(recipe, RECIPES, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(
-            f"recipe={recipe!r} is neither a built-in recipe{hint} ({', '.join(RECIPES)}) nor an importable module; "
-            "pass a dotted path to a module with train(cfg, accelerator)."
-        )
-    return module
 
 
 def check_devices(cfg: DictConfig) -> None:

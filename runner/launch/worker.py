@@ -15,8 +15,8 @@ from runner import preemption, trackers
 from runner.config import FSDPConfig
 from runner.launch.environment import LaunchEnvironment
 from runner.layout import CONFIG_FILE, LOG_FILE, LOGS_DIR, OVERRIDES_FILE
+from runner.recipe_validation import recipe_module
 from runner.startup import stamp
-from runner.validation import recipe_module
 
 logger = logging.getLogger("runner")
 
