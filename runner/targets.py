@@ -101,7 +101,7 @@ def _check_tracker_targets(cfg: Any) -> None:
             continue
         target = locate(node["_target_"], key=f"tracker.{name}._target_")
         bases = {f"{base.__module__}.{base.__qualname__}" for base in getattr(target, "__mro__", ())}
-        if "runner.engine.tracking.GeneralTracker" not in bases:
+        if "runner.engine.tracking.base.GeneralTracker" not in bases:  # by name: checks never import torch
             raise ConfigError(
                 f"tracker.{name}._target_={node['_target_']} is not a tracker; name a subclass of "
                 "runner.engine.GeneralTracker (with a name, and log(values, step))."

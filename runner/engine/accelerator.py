@@ -1,28 +1,32 @@
-"""The Accelerator: Accelerate's small set of verbs, delegating to one module per concern."""
+"""The Accelerator: Accelerate's small set of verbs, delegating to one module per concern.
+
+The class is a front. It holds the state (the process group's facts, precision, strategy, what was prepared) and
+its own verbs: ``prepare``, the training step (``backward``, ``accumulate``, clipping, ``autocast``) and the
+end. The other verbs come by concern from mixins kept beside the room they drive, each declaring what it reads:
+:class:`~runner.engine.processes.ProcessVerbs` (rank and device, collectives, work on some processes only),
+:class:`~runner.engine.checkpoint.verbs.CheckpointVerbs` (``save_state``, ``load_state``, a model's weights)
+and :class:`~runner.engine.tracking.verbs.TrackingVerbs` (``init_trackers``, ``log``, ``get_tracker``).
+"""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.algorithms import Join
 from torch.utils.data import DataLoader
-from torch.utils.hooks import RemovableHandle
 
 from runner.engine import ops
-from runner.engine.checkpoint.checkpointer import Checkpointer, is_stateful
+from runner.engine.checkpoint.checkpointer import Checkpointer
 from runner.engine.checkpoint.folders import ProjectConfiguration
-from runner.engine.checkpoint.serialization import save_model_files, save_safetensors
+from runner.engine.checkpoint.verbs import CheckpointVerbs
 from runner.engine.constants import MIXED_PRECISION_ENV
 from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader
 from runner.engine.data.loaders import prepare_data_loader
-from runner.engine.distributed import AcceleratorState, DistributedType, barrier, init_process_group, read_environment
+from runner.engine.distributed import AcceleratorState, DistributedEnvironment, init_process_group, read_environment
 from runner.engine.memory import release_memory
 from runner.engine.numerics import resolve_math_kernels
 from runner.engine.optimizer import (
@@ -47,16 +51,15 @@ from runner.engine.precision import (
     parse_mixed_precision,
     remove_autocast,
 )
-from runner.engine.prepared import PreparedObjects
+from runner.engine.processes import ProcessVerbs
 from runner.engine.rng import synchronize_rng_states
-from runner.engine.tracker_process import TrackerProcess
-from runner.engine.tracker_process import available as tracker_process_available
-from runner.engine.tracker_thread import TrackerThread
-from runner.engine.tracking import GeneralTracker, _BlankTracker, build_trackers
-from runner.files import write_atomically
+from runner.engine.tracking import GeneralTracker
+from runner.engine.tracking.thread import TrackerThread
+from runner.engine.tracking.verbs import TrackingVerbs
 
 _SCHEDULER_TYPES = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 _KWARGS_HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, AutocastKwargs)
+_PARAMETER_DTYPES = {PrecisionType.BF16: torch.bfloat16, PrecisionType.FP16: torch.float16}  # FSDP2's param_dtype
 
 
 def _sort_kwargs_handlers(handlers: list | None) -> dict[type, Any]:
@@ -74,7 +77,7 @@ def _sort_kwargs_handlers(handlers: list | None) -> dict[type, Any]:
     return found
 
 
-class Accelerator:
+class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
     """Runs a plain PyTorch training loop on one process, or many with DDP or FSDP, in mixed precision.
 
     Args:
@@ -135,114 +138,63 @@ class Accelerator:
         env = read_environment(cpu=cpu)
         init_process_group(env)
         handlers = _sort_kwargs_handlers(kwargs_handlers)
+        self._set_configurations(project_config, project_dir, dataloader_config, split_batches)
+        self.device_placement, self.step_scheduler_with_optimizer = device_placement, step_scheduler_with_optimizer
+        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
+        self.log_with, self.tracker_process = log_with, tracker_process
+        if mixed_precision is None:  # as set by notebook_launcher(mixed_precision=...)
+            mixed_precision = os.environ.get(MIXED_PRECISION_ENV) or None
+        precision = parse_mixed_precision(mixed_precision)
+        self._precision = Precision(  # here, so that its fp16-on-CPU warning names the caller's line
+            precision, env.device, scaler_kwargs=handlers.get(GradScalerKwargs),
+            autocast_kwargs=handlers.get(AutocastKwargs),
+        )  # fmt: skip
+        self.scaler = self._precision.scaler
+        plugin = gradient_accumulation_plugin or GradientAccumulationPlugin(num_steps=gradient_accumulation_steps)
+        self.gradient_state = GradientState(plugin)
+        self._set_strategy(env, precision, handlers.get(DistributedDataParallelKwargs), fsdp_plugin, parallelism_config)
+        self._forget_prepared()
+        self._tracker_thread = TrackerThread([])
+        self._checkpointer, self._trigger_set = Checkpointer(), False
 
+    def _set_configurations(
+        self,
+        project_config: ProjectConfiguration | None,
+        project_dir: str | os.PathLike | None,
+        dataloader_config: DataLoaderConfiguration | None,
+        split_batches: bool,
+    ) -> None:
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(project_dir)
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches:
             self.dataloader_config.split_batches = True
-        self.device_placement = device_placement
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
-        self.log_with = log_with
 
-        if mixed_precision is None:  # as set by notebook_launcher(mixed_precision=...)
-            mixed_precision = os.environ.get(MIXED_PRECISION_ENV) or None
-        precision = parse_mixed_precision(mixed_precision)
-        self._precision = Precision(
-            precision,
-            env.device,
-            scaler_kwargs=handlers.get(GradScalerKwargs),
-            autocast_kwargs=handlers.get(AutocastKwargs),
-        )
-        self.scaler = self._precision.scaler
-        plugin = gradient_accumulation_plugin or GradientAccumulationPlugin(num_steps=gradient_accumulation_steps)
-        self.gradient_state = GradientState(plugin)
+    def _set_strategy(
+        self,
+        env: DistributedEnvironment,
+        precision: PrecisionType,
+        ddp_kwargs: DistributedDataParallelKwargs | None,
+        fsdp_plugin: FullyShardedDataParallelPlugin | None,
+        parallelism_config: ParallelismConfig | None,
+    ) -> None:
         self._strategy = select_strategy(
-            env,
-            ddp_kwargs=handlers.get(DistributedDataParallelKwargs),
-            fsdp_plugin=fsdp_plugin,
-            param_dtype={PrecisionType.BF16: torch.bfloat16, PrecisionType.FP16: torch.float16}.get(precision),
+            env, ddp_kwargs=ddp_kwargs, fsdp_plugin=fsdp_plugin, param_dtype=_PARAMETER_DTYPES.get(precision),
             parallelism_config=parallelism_config,
-        )
+        )  # fmt: skip
         self.parallelism_config = None if parallelism_config is None else parallelism_config.resolve(env.world_size)
         # Built last: it reports the strategy and precision chosen above. Each Accelerator has its own.
         self.state = AcceleratorState.of(
             env, fsdp=self._strategy.name == "fsdp", mixed_precision=precision.value, debug=ops.is_debug_mode()
         )
 
+    def _forget_prepared(self) -> None:
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
-        self.tracker_process = tracker_process
-        self._tracker_thread: TrackerThread | TrackerProcess = TrackerThread([])
-        self._checkpointer = Checkpointer()
-        self._trigger_set = False
-
-    # ----------------------------------------------------------------------------------- where we run
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    @property
-    def process_index(self) -> int:
-        return self.state.rank
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_rank
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.world_size
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.state.is_last_process
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        return self.state.distributed_type
-
-    @property
-    def torch_device_mesh(self):
-        """The ``DeviceMesh`` models are sharded or split on (FSDP2, tensor parallelism), else None.
-
-        With a :class:`ParallelismConfig` its dimensions are ``("dp_replicate", "dp_shard", "tp")``, with the
-        flattened ``"dp"`` (every data-parallel rank) among its submeshes; under plain FSDP, ``("dp_shard",)``.
-        """
-        return getattr(self._strategy, "device_mesh", None)
-
-    @property
-    def _data_parallel_size(self) -> int:
-        """Processes that read different batches (all of them, unless tensor parallelism groups them)."""
-        config = self.parallelism_config
-        return self.num_processes if config is None else config.data_parallel_size
-
-    @property
-    def _data_parallel_rank(self) -> int:
-        config = self.parallelism_config
-        return self.process_index if config is None else config.data_parallel_rank(self.process_index)
-
-    @property
-    def _data_parallel_group(self):
-        """The process group of the data-parallel ranks, where tensor parallelism groups processes; else None."""
-        return getattr(self._strategy, "data_parallel_group", None)
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.state.is_distributed
 
     @property
     def mixed_precision(self) -> str:
@@ -261,18 +213,6 @@ class Accelerator:
         if steps < 1:
             raise ValueError(f"gradient_accumulation_steps={steps} must be at least 1.")
         self.gradient_state.num_steps = steps
-
-    @property
-    def project_dir(self) -> str | None:
-        return self.project_configuration.project_dir
-
-    @property
-    def logging_dir(self) -> str | None:
-        return self.project_configuration.logging_dir
-
-    @property
-    def save_iteration(self) -> int:
-        return self.project_configuration.iteration
 
     @property
     def split_batches(self) -> bool:
@@ -470,408 +410,13 @@ class Accelerator:
         self.unscale_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
-    # ------------------------------------------------------------------------------------ collectives
-    def gather(self, tensor: Any) -> Any:
-        """Concatenate ``tensor`` (or a nest of them) from all processes along dim 0, detached from autograd.
-
-        Example:
-            >>> losses = accelerator.gather(loss)  # works on a loss that requires grad; the result does not
-        """
-        return ops.gather(tensor, group=self._data_parallel_group)
-
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gather for evaluation: like ``gather``, without the samples that padded the last batch.
-
-        Over a full pass of a prepared loader, the results concatenate to exactly one entry per
-        sample of the dataset. Non-tensor data (or ``use_gather_object=True``) is gathered as a
-        list of picklable objects.
-        """
-        is_tensors = ops.is_tensor_nest(input_data)
-        group = self._data_parallel_group
-        if is_tensors and not use_gather_object:
-            data = ops.gather(input_data, group=group)
-        else:
-            data = ops.gather_object(input_data, group=group)
-        remainder = self.gradient_state.remainder
-        if self.gradient_state.end_of_dataloader and remainder > 0:
-            data = ops.truncate(data, remainder) if is_tensors and not use_gather_object else data[:remainder]
-        return data
-
-    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-        return ops.pad_across_processes(
-            tensor, dim=dim, pad_index=pad_index, pad_first=pad_first, group=self._data_parallel_group
-        )
-
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Reduce ``tensor`` (or a nest of them) over all processes; see :func:`runner.engine.ops.reduce`.
-
-        Args:
-            reduction: ``"sum"`` by default here (as ``Accelerator.reduce``; ``utils.reduce`` defaults to
-                ``"mean"``), or ``"mean"``, ``"max"``, ``"min"``, ``"none"``.
-            scale: A factor applied to the result.
-
-        Raises:
-            ValueError: ``reduction`` is not one of those names.
-        """
-        return ops.reduce(tensor, reduction=reduction, scale=scale, group=self._data_parallel_group)
-
-    def wait_for_everyone(self) -> None:
-        """Block until every process reaches this point."""
-        barrier(self.state)
-
-    def set_trigger(self) -> None:
-        """Raise this process's flag; the next :meth:`check_trigger` then returns True on every process.
-
-        No collective: one rank may call it alone (say, on a NaN loss it alone sees).
-        """
-        self._trigger_set = True
-
-    def check_trigger(self) -> bool:
-        """Whether any process called :meth:`set_trigger` since the last check; resets every flag if so.
-
-        A collective (a sum over processes): every process must call it at the same point, and all
-        get the same answer, so they can leave a loop together.
-
-        Example:
-            >>> if not torch.isfinite(loss):
-            ...     accelerator.set_trigger()
-            >>> if accelerator.check_trigger():
-            ...     break
-        """
-        flag = torch.tensor(int(self._trigger_set), device=self.device)
-        if ops.reduce(flag, reduction="sum").item() == 0:
-            return False
-        self._trigger_set = False
-        return True
-
-    @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables: list, even_batches: bool | None = None) -> Iterator[None]:
-        """Let processes with fewer batches finish early without hanging the others (torch's ``Join``).
-
-        A process that runs out of batches shadows the collectives of the DDP models in ``joinables``
-        until every process has; then the last process to finish sends its weights to the others.
-        Under DDP ``Join`` is always on, as in Accelerate (loaders it did not prepare may be uneven
-        too). Without DDP (one process, FSDP) it does nothing and warns.
-
-        Args:
-            joinables: The prepared DDP models (any ``torch.distributed.algorithms.Joinable``).
-            even_batches: Accelerate overrides the prepared loaders' ``even_batches`` with it inside the
-                block. Prepared loaders here fix it when prepared, so they keep theirs (with a warning
-                where it differs).
-
-        Example:
-            >>> accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(even_batches=False))
-            >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-            >>> with accelerator.join_uneven_inputs([model]):
-            ...     for inputs, targets in loader:  # some ranks get one batch fewer
-            ...         accelerator.backward(loss_fn(model(inputs), targets))
-            ...         optimizer.step()
-            ...         optimizer.zero_grad()
-        """
-        if self._strategy.name != "ddp":
-            where = "FSDP" if self.distributed_type == DistributedType.FSDP else "a single process"
-            warnings.warn(
-                f"join_uneven_inputs does nothing on {where}: it joins DistributedDataParallel models only.",
-                stacklevel=3,
-            )
-            yield
-            return
-        loader_settings = {loader.sharding.even_batches for loader in self._dataloaders}
-        if even_batches is not None and loader_settings - {even_batches}:
-            warnings.warn(
-                f"join_uneven_inputs(even_batches={even_batches}) cannot change prepared loaders, which keep the "
-                "even_batches they were prepared with; set DataLoaderConfiguration(even_batches=...) instead.",
-                stacklevel=3,
-            )
-        # Always on under DDP, as in Accelerate: a loader this Accelerator did not prepare may be uneven too.
-        with Join(joinables, enable=True, throw_on_early_termination=False):
-            yield
-
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
-        """Run the block on the main process first (to download or cache), then on the others."""
-        with self._first(self.is_main_process):
-            yield
-
-    @contextlib.contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
-        """Run the block on each node's main process first, then on the node's other processes."""
-        with self._first(self.is_local_main_process):
-            yield
-
-    @contextlib.contextmanager
-    def _first(self, is_first: bool) -> Iterator[None]:
-        if not is_first:
-            self.wait_for_everyone()
-        yield
-        if is_first:
-            self.wait_for_everyone()
-
-    @contextlib.contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Give each process its contiguous share of ``inputs`` (list, tuple, tensor, or dict of them).
-
-        Example:
-            >>> with accelerator.split_between_processes(prompts) as mine:
-            ...     outputs = [generate(prompt) for prompt in mine]
-        """
-        yield ops.split_between_processes(
-            inputs,
-            num_processes=self._data_parallel_size,
-            process_index=self._data_parallel_rank,
-            apply_padding=apply_padding,
-        )
-
-    def on_main_process(self, function: Callable) -> Callable:
-        """Decorate ``function`` to run on the main process only (elsewhere it returns None)."""
-        return _only_when(function, lambda: self.is_main_process)
-
-    def on_local_main_process(self, function: Callable) -> Callable:
-        """Decorate ``function`` to run on each node's main process only."""
-        return _only_when(function, lambda: self.is_local_main_process)
-
-    def on_last_process(self, function: Callable) -> Callable:
-        """Decorate ``function`` to run on the last process only (the only one, without distribution)."""
-        return _only_when(function, lambda: self.is_last_process)
-
-    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
-        """Decorate ``function`` to run on process ``process_index`` only."""
-        if function is None:
-            return functools.partial(self.on_process, process_index=process_index)
-        return _only_when(function, lambda: self.process_index == process_index)
-
-    def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None) -> Callable:
-        """Decorate ``function`` to run on local process ``local_process_index`` of each node only."""
-        if function is None:
-            return functools.partial(self.on_local_process, local_process_index=local_process_index)
-        return _only_when(function, lambda: self.local_process_index == local_process_index)
-
-    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
-        """Save ``obj`` to ``f`` on the main process only, atomically: a crash leaves the previous file.
-
-        With ``safe_serialization`` ``obj`` must be a dict of tensors, written as safetensors.
-        """
-        if not self.is_main_process:
-            return
-        write_atomically(
-            f, lambda partial: save_safetensors(obj, partial) if safe_serialization else torch.save(obj, partial)
-        )
-
-    def print(self, *args, **kwargs) -> None:
-        """``print`` on the main process only."""
-        if self.is_main_process:
-            print(*args, **kwargs)
-
     # ---------------------------------------------------------------------------------------- models
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
         """The original module inside a prepared one (without the autocast forward, if asked)."""
         module = unwrap_module(model)
         return module if keep_fp32_wrapper else remove_autocast(module)
 
-    def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        """The model's full state dict, with the wrappers' prefixes removed.
-
-        Under FSDP it is gathered from every rank to the main process's CPU (the others get an empty
-        dict, as in Accelerate), so every process must call it.
-        """
-        return self._strategy.full_state_dict(model) if unwrap else model.state_dict()
-
-    def save_model(
-        self,
-        model: nn.Module,
-        save_directory: str | os.PathLike,
-        max_shard_size: int | str = "10GB",
-        safe_serialization: bool = True,
-    ) -> None:
-        """Write the model's full weights: ``model.safetensors``, or shards and an index (main process writes;
-        under FSDP every process must call it, to gather the shards).
-
-        Example:
-            >>> accelerator.save_model(model, "out/model", max_shard_size="1GB")
-        """
-        state_dict = self.get_state_dict(model)
-        if self.is_main_process:
-            save_model_files(
-                state_dict,
-                save_directory,
-                max_shard_size=max_shard_size,
-                safe_serialization=safe_serialization,
-            )
-
-    # ------------------------------------------------------------------------------------ checkpoints
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        """Save and restore ``objects`` (each with ``state_dict``/``load_state_dict``) with the state."""
-        invalid = [type(obj).__name__ for obj in objects if not is_stateful(obj)]
-        if invalid:
-            raise ValueError(
-                f"register_for_checkpointing needs objects with state_dict and load_state_dict; got {invalid}."
-            )
-        self._custom_objects.extend(objects)
-
-    def register_save_state_pre_hook(self, hook: Callable) -> RemovableHandle:
-        """Call ``hook(models, weights, output_dir)`` on every process before ``save_state`` writes.
-
-        ``output_dir`` is the checkpoint folder being written (still under its temporary name):
-        files the hook writes there become part of the checkpoint. Removing an entry from
-        ``weights`` leaves that model out. Returns a handle whose ``remove()`` unregisters it.
-        """
-        return self._checkpointer.register(self._checkpointer.save_hooks, hook)
-
-    def register_load_state_pre_hook(self, hook: Callable) -> RemovableHandle:
-        """Call ``hook(models, input_dir)`` on every process before ``load_state`` reads.
-
-        Removing an entry from ``models`` skips loading that model. Returns a removable handle.
-        """
-        return self._checkpointer.register(self._checkpointer.load_hooks, hook)
-
-    def skip_first_batches(self, dataloader: PreparedDataLoader, num_batches: int = 0) -> PreparedDataLoader:
-        """Make the next pass of a prepared loader start after its first ``num_batches`` batches.
-
-        The skipped batches are never loaded. Returns the same loader, for Accelerate's idiom
-        ``for batch in accelerator.skip_first_batches(loader, n)``.
-        """
-        if not isinstance(dataloader, PreparedDataLoader):
-            raise ValueError("skip_first_batches needs a loader returned by prepare(); prepare it first.")
-        dataloader.skip_first_batches(num_batches)
-        return dataloader
-
-    def save_state(
-        self,
-        output_dir: str | os.PathLike | None = None,
-        *,
-        metadata: dict[str, Any] | None = None,
-        async_commit: bool = False,
-        async_save: bool = False,
-    ) -> str:
-        """Save models, optimizers, schedulers, scaler, RNG states, data position and registered objects.
-
-        With ``automatic_checkpoint_naming`` the folder is ``project_dir/checkpoints/checkpoint_{i}``
-        and ``i`` advances after each save (past any folder already there, with a warning: nothing
-        is overwritten); ``total_limit`` then keeps the newest checkpoints. The folder appears only
-        once complete. Every process must call this. With ``ProjectConfiguration(save_on_each_node=True)``
-        each node keeps its own copy, on its own disk (see :mod:`runner.engine.checkpoint.node_local`).
-
-        Args:
-            output_dir: The folder to write (ignored under automatic naming). A folder that holds
-                anything but a checkpoint is refused, since saving replaces it whole.
-            metadata: JSON-able facts to record in the manifest besides the engine's own (step,
-                epoch, data position, accumulation, world size, files with sizes and digests).
-            async_save: Return once the state is copied to host memory (pinned under CUDA); every
-                rank writes and hashes its files, and rank 0 writes the manifest, syncs and commits,
-                in background threads while training goes on (FSDP's shards through
-                ``torch.distributed.checkpoint.async_save``). See :mod:`runner.engine.checkpoint.async_saves`.
-            async_commit: Return once every rank's files are written and hashed; rank 0 writes the
-                manifest and commits in a background thread. With either, the folder still appears
-                only once complete, and the next ``save_state``, ``load_state``,
-                ``wait_for_checkpoint`` or ``end_training`` waits for it (and raises its error on
-                every process).
-
-        Returns:
-            The checkpoint folder.
-
-        Raises:
-            ValueError: No folder was given and naming is not automatic.
-            CheckpointError: ``output_dir`` holds something other than a checkpoint.
-        """
-        target = self._checkpointer.save(
-            self._prepared_objects(),
-            output_dir,
-            project=self.project_configuration,
-            metadata=metadata,
-            async_commit=async_commit,
-            async_save=async_save,
-        )
-        return str(target)
-
-    def wait_for_checkpoint(self) -> None:
-        """Block until a checkpoint saved with ``async_save`` or ``async_commit`` is committed; raise its error if
-        it failed.
-
-        Every process must call this (``save_state``, ``load_state`` and ``end_training`` do). After
-        ``async_save`` each process waits for its own background save, and all of them end with the
-        same outcome; after ``async_commit`` rank 0 waits for its commit, then tells every rank how it
-        went. Either way all of them raise alike.
-        """
-        self._checkpointer.wait()
-
-    def load_state(self, input_dir: str | os.PathLike | None = None, *, verify_checksums: bool = True) -> None:
-        """Restore what :meth:`save_state` saved; every process must call this after ``prepare``.
-
-        Without ``input_dir`` (and with automatic naming) the newest committed checkpoint of
-        ``project_dir`` is loaded. After loading ``checkpoint_K`` the next automatic save is
-        ``checkpoint_{K+1}``. Every file is checked against the manifest first: its size, and with
-        ``verify_checksums`` (the default) the digest of every slice, each hashed once, by one process
-        (the processes split the files they all read), before anything is loaded.
-        Prepared loaders continue from the saved data position on their next pass.
-
-        Raises:
-            CheckpointError: One sentence naming the file that is missing, truncated or corrupted,
-                or the keys of a model that does not fit.
-        """
-        self._checkpointer.load(
-            self._prepared_objects(), input_dir, project=self.project_configuration, verify_checksums=verify_checksums
-        )
-
-    def _prepared_objects(self) -> PreparedObjects:
-        return PreparedObjects(
-            env=self.state,
-            strategy=self._strategy,
-            gradient_state=self.gradient_state,
-            models=tuple(self._models),
-            optimizers=tuple(self._optimizers),
-            schedulers=tuple(self._schedulers),
-            dataloaders=tuple(self._dataloaders),
-            custom_objects=tuple(self._custom_objects),
-            scaler=self.scaler,
-        )
-
-    # ---------------------------------------------------------------------------------------- trackers
-    def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:
-        """Start the trackers of ``log_with`` and record ``config`` as their hyperparameters.
-
-        Trackers run on the main process, and on every process those whose class sets
-        ``main_process_only = False``. ``init_kwargs`` maps a tracker's name to its constructor's keywords.
-        A tracker that fails to start is reported in one warning and left out; training goes on.
-        """
-        built = build_trackers(
-            self.log_with, run_name=project_name, logging_dir=self.logging_dir, init_kwargs=init_kwargs, start=False
-        )
-        mine = [tracker for tracker in built if self.is_main_process or not tracker.main_process_only]
-        in_process = self.tracker_process and mine and tracker_process_available()
-        self._tracker_thread = TrackerProcess(mine) if in_process else TrackerThread(mine)
-        self._tracker_thread.call("start")
-        if config is not None:
-            self._tracker_thread.call("store_init_configuration", config)
-
-    @property
-    def trackers(self) -> list[GeneralTracker]:
-        """The trackers this process runs (those that failed are gone)."""
-        return self._tracker_thread.trackers
-
-    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict | None = None) -> None:
-        """Send ``values`` at ``step`` to every tracker of this process (``log_kwargs``: a tracker's name to
-        its ``log`` keywords). Returns at once: the trackers are called in order on a background thread,
-        with the values as they are now (tensors are read here)."""
-        self._tracker_thread.log(values, step, log_kwargs)
-
-    def log_artifact(
-        self, local_path: str | os.PathLike, artifact_path: str | None = None, *, trackers: list[str] | None = None
-    ) -> None:
-        """Keep a file or folder with the tracked run, in the trackers that store files (MLflow, W&B), or in
-        those named in ``trackers``. Returns at once, as :meth:`log`."""
-        self._tracker_thread.log_artifact(local_path, artifact_path, trackers)
-
-    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The tracker called ``name`` (its underlying object with ``unwrap=True``). On a process that runs
-        no trackers, a stand-in that does nothing."""
-        self._tracker_thread.flush()  # whatever was logged has reached it
-        for tracker in self.trackers:
-            if tracker.name == name:
-                return tracker.tracker if unwrap else tracker
-        if not self.is_main_process:
-            return _BlankTracker(name)
-        raise ValueError(f"No tracker named {name!r} was started; trackers: {[t.name for t in self.trackers]}.")
-
+    # --------------------------------------------------------------------------------------- the end
     def end_training(self) -> None:
         """Wait for a pending checkpoint commit and for the trackers to take everything logged, close them,
         free the host memory asynchronous saves keep for their copies, and wait for every process."""
@@ -896,14 +441,6 @@ class Accelerator:
             f"Accelerator(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
             f"process_index={self.process_index}, device={self.device}, mixed_precision={self.mixed_precision})"
         )
-
-
-def _only_when(function: Callable, condition: Callable[[], bool]) -> Callable:
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        return function(*args, **kwargs) if condition() else None
-
-    return wrapper
 
 
 def _rank_zeros(value: Any) -> Any:

@@ -111,3 +111,71 @@ def test_no_module_imports_from_a_layer_above_it():
 def test_an_upward_import_is_found():
     graph = {"runner.launch.worker": {"runner.cli.app", "runner.config"}, "runner.cli.app": {"runner.launch.worker"}}
     assert _upward_imports(graph) == [("runner.launch.worker", "runner.cli.app")]
+
+
+# A room is a package of runner.engine (checkpoint, data, parallel, tracking) or of runner (cli, launch, sweeps, data,
+# models); any other module is a room of its own. A room's private names (a leading underscore) are its own business.
+def _room(module: str) -> str:
+    parts = module.split(".")
+    if parts[:2] == ["runner", "engine"] and len(parts) > 3:
+        return ".".join(parts[:3])
+    if len(parts) > 2 and parts[1] != "engine":
+        return ".".join(parts[:2])
+    return module
+
+
+def _private_reads(name: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """``module: target._name`` for each private name ``name`` imports from, or reads off, another room's module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    aliases, found = {}, []
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                if f"{base}.{alias.name}" in modules:
+                    aliases[alias.asname or alias.name] = f"{base}.{alias.name}"
+                elif base in modules and alias.name.startswith("_") and not alias.name.startswith("__"):
+                    if _room(base) != _room(name):
+                        found.append(f"{name}: {base}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and alias.name in modules:
+                    aliases[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            target = aliases.get(node.value.id) if isinstance(node.value, ast.Name) else None
+            if target is None and isinstance(node.value, ast.Attribute):
+                target = ast.unparse(node.value) if ast.unparse(node.value) in modules else None
+            if target is not None and _room(target) != _room(name):
+                found.append(f"{name}: {target}.{node.attr}")
+    return found
+
+
+def test_no_module_reads_another_rooms_private_names():
+    modules = _modules()
+    reads = [read for name, path in modules.items() for read in _private_reads(name, path, modules)]
+    assert reads == []
+
+
+def test_a_private_read_across_rooms_is_found(tmp_path):
+    module = tmp_path / "worker.py"
+    module.write_text(
+        "from runner.engine.data import loader\n"
+        "from runner.engine.checkpoint.files import _write\n"
+        "from runner.engine.checkpoint.loading import _read\n"
+        "import runner.engine.ops as ops\n"
+        "loader._batches, ops._group, ops.__name__\n"
+    )
+    modules = {
+        "runner.engine.data.loader": None, "runner.engine.checkpoint.files": None,
+        "runner.engine.checkpoint.loading": None, "runner.engine.ops": None,
+    }  # fmt: skip
+    found = _private_reads("runner.engine.checkpoint.verbs", module, modules)
+    assert found == ["runner.engine.checkpoint.verbs: runner.engine.data.loader._batches",
+                     "runner.engine.checkpoint.verbs: runner.engine.ops._group"]  # fmt: skip
+    assert _room("runner.engine.checkpoint.files") == "runner.engine.checkpoint"
+    assert _room("runner.engine.ops") == "runner.engine.ops" and _room("runner.cli.app") == "runner.cli"

@@ -5,12 +5,15 @@
 - :mod:`~runner.engine.checkpoint.files`: what each rank writes into a staging folder.
 - :mod:`~runner.engine.checkpoint.folders`: naming, the commit (a rename), finding and rotating checkpoints.
 - :mod:`~runner.engine.checkpoint.loading`: verifying and reading a checkpoint back.
-- :mod:`~runner.engine.checkpoint.manifest`: the manifest (files, sizes, digests) and its checks.
-- :mod:`~runner.engine.checkpoint.serialization`: safetensors and ``torch.load(weights_only=True)``.
+- :mod:`~runner.engine.checkpoint.manifest`: the manifest (files, sizes, digests): written, read, its files checked.
+- :mod:`~runner.engine.checkpoint.manifest_schema`: what each manifest field must be, and the manifest's own digest.
+- :mod:`~runner.engine.checkpoint.serialization`: safetensors, and a model's weights folder (shards, an index).
+- :mod:`~runner.engine.checkpoint.torch_files`: ``torch.save`` (without CRC32) and ``torch.load(weights_only=True)``.
 - :mod:`~runner.engine.checkpoint.async_saves`: ``async_save``: host copies, written in the background.
 - :mod:`~runner.engine.checkpoint.node_local`: ``save_on_each_node``, a copy on each node's own disk.
 - :mod:`~runner.engine.checkpoint.sharded_state`: FSDP's sharded state through torch's DCP.
 - :mod:`~runner.engine.checkpoint.model_weights`: a model's whole weights from any folder (export, from_run).
+- :mod:`~runner.engine.checkpoint.verbs`: the Accelerator's checkpoint verbs (``save_state``, ``load_state``, ...).
 
 It may import torch, safetensors, :mod:`runner.files`, and of the engine its constants, the collectives
 (:mod:`runner.engine.ops`, :mod:`runner.engine.distributed`), RNG states, the prepared objects and the

@@ -3,7 +3,7 @@
 A tracker's own work is its library's Python (TensorBoard's protobuf events, MLflow's SQLAlchemy store, W&B's
 records): on a thread it holds the interpreter lock that a Python-bound training step needs, so a step of
 0.4 ms pays 0.1-0.4 ms more per logged step (bench/trackers.py). :class:`TrackerProcess` keeps the same
-interface as :class:`~runner.engine.tracker_thread.TrackerThread` and runs the trackers in a child forked
+interface as :class:`~runner.engine.tracking.thread.TrackerThread` and runs the trackers in a child forked
 from this process when they start (fork: the child has the tracker objects as they were built, nothing is
 pickled but the logged values). This process keeps what was logged in a list; a sender thread hands it over
 as one batch at most every ``interval`` seconds, and the child calls the trackers with it, in order.
@@ -31,8 +31,8 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from runner.engine.tracker_thread import PLAIN_TYPES, TrackerThread, describe, logger, plain_values, warn_dropped
-from runner.engine.tracking import GeneralTracker
+from runner.engine.tracking.base import GeneralTracker
+from runner.engine.tracking.thread import PLAIN_TYPES, TrackerThread, describe, logger, plain_values, warn_dropped
 
 
 def available() -> bool:

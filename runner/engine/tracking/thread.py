@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from runner.engine.tracking import GeneralTracker, _scalar
+from runner.engine.tracking.base import GeneralTracker, _scalar
 
 logger = logging.getLogger("runner")
 

@@ -1,6 +1,6 @@
-"""Tests of runner/engine/tracking.py (build_trackers, every tracker, register_tracker_class), of the
-trackers' background thread (runner/engine/tracker_thread.py) and of their helper process
-(runner/engine/tracker_process.py)."""
+"""Tests of runner/engine/tracking/ (build_trackers, every tracker, register_tracker_class), of the
+trackers' background thread (runner/engine/tracking/thread.py) and of their helper process
+(runner/engine/tracking/process.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,6 @@ import pytest
 import torch
 
 from runner.engine import Accelerator
-from runner.engine.tracker_process import TrackerProcess
-from runner.engine.tracker_thread import TrackerThread
 from runner.engine.tracking import (
     TRACKERS,
     CSVTracker,
@@ -30,6 +28,8 @@ from runner.engine.tracking import (
     build_trackers,
     register_tracker_class,
 )
+from runner.engine.tracking.process import TrackerProcess
+from runner.engine.tracking.thread import TrackerThread
 from tests.wandb_records import offline_runs, read_run
 
 
@@ -683,7 +683,7 @@ def test_a_script_that_ends_without_end_training_still_hands_everything_to_the_h
         import sys
         sys.path.insert(0, {os.getcwd()!r})
         from runner.engine import Accelerator
-        from tests.unit.engine.test_tracking import Journal
+        from tests.unit.engine.tracking.test_tracking import Journal
         accelerator = Accelerator(cpu=True, log_with=[Journal({str(tmp_path / "j.jsonl")!r})], tracker_process=True)
         accelerator.init_trackers("")
         for step in range(100):
