@@ -280,6 +280,21 @@ def _portable(values: dict[str, Any]) -> dict[str, Any]:
     return values.copy()
 
 
+def helper_cpu(allowed: set[int], local_world_size: str) -> int | None:
+    """The one CPU the helper of a node's only training process keeps to: the last this process may use. None
+    with a single CPU, or beside other processes of the run on the node, where the scheduler places it.
+
+    Spread over every CPU, the helper's threads and the services its trackers start (W&B's ``wandb-core``)
+    land beside the training's threads and take turns with them; kept to one, they leave the others alone.
+    Measured with bench/trackers.py's tiny loop on 2 cores: never slower, up to 10% faster for the loop, and the
+    trackers take 13-23% more steps a second. Beside other ranks (DDP on the CPU, say) a pinned helper would
+    slow one rank, and every rank waits for the slowest, so it is left unpinned there.
+    """
+    if len(allowed) < 2 or local_world_size not in ("", "1"):
+        return None
+    return max(allowed)
+
+
 def _serve(conn: Connection, parents_end: Connection, trackers: list[GeneralTracker]) -> None:
     """The child: call the trackers as the training process asks, until it closes or exits."""
     parents_end.close()
@@ -287,6 +302,10 @@ def _serve(conn: Connection, parents_end: Connection, trackers: list[GeneralTrac
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with contextlib.suppress(OSError):
         os.nice(10)  # background work: where the cores are busy, the training's threads come first
+    cpu = helper_cpu(os.sched_getaffinity(0), os.environ.get("LOCAL_WORLD_SIZE", ""))
+    if cpu is not None:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, {cpu})  # this thread, so every thread and service started from here after it
     dispatch = TrackerThread(
         trackers, on_drop=lambda tracker, error: conn.send(("dropped", tracker.name, describe(error)))
     )

@@ -28,7 +28,7 @@ from runner.engine.tracking import (
     build_trackers,
     register_tracker_class,
 )
-from runner.engine.tracking.process import TrackerProcess
+from runner.engine.tracking.process import TrackerProcess, helper_cpu
 from runner.engine.tracking.thread import TrackerThread
 from tests.wandb_records import offline_runs, read_run
 
@@ -516,6 +516,12 @@ def _journal(path) -> list[list]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def test_the_helper_of_a_nodes_only_process_keeps_to_its_last_cpu():
+    assert helper_cpu({0, 1, 2, 3}, "") == 3 and helper_cpu({4, 9, 6}, "1") == 9
+    assert helper_cpu({0, 1, 2, 3}, "2") is None  # beside another rank: left to the scheduler
+    assert helper_cpu({3}, "1") is None  # one CPU: nothing to keep apart
+
+
 def test_the_helper_process_calls_every_tracker_in_order_drops_one_that_fails_and_finishes_them(tmp_path, caplog):
     good, bad = Journal(tmp_path / "good.jsonl"), Journal(tmp_path / "bad.jsonl", "flaky", fail_at=3)
     accelerator = Accelerator(cpu=True, project_dir=tmp_path, log_with=[good, bad], tracker_process=True)
@@ -528,6 +534,8 @@ def test_the_helper_process_calls_every_tracker_in_order_drops_one_that_fails_an
         loss.add_(1.0)  # read when logged: the helper sees 1.0, 2.0, ... whatever the tensor holds later
     tracker = accelerator.get_tracker("journal")  # waits until the helper took every step
     assert tracker.name == "journal" and tracker.run_id == "run-journal" and tracker.pid == child.pid != os.getpid()
+    allowed = os.sched_getaffinity(0)  # the helper keeps to one CPU, the last, where there are several
+    assert os.sched_getaffinity(child.pid) == ({max(allowed)} if len(allowed) > 1 else allowed)
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         getattr(tracker, "nothing")  # noqa: B009 asked of the helper, which has no such attribute either
     with pytest.raises(ValueError, match=r"The journal tracker runs in the trackers' helper process, so its library "):
