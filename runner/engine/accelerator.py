@@ -426,11 +426,7 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
 
     def free_memory(self, *objects: Any) -> list[None]:
         """Drop references to everything prepared, collect garbage, and release cached GPU memory."""
-        self._models.clear()
-        self._optimizers.clear()
-        self._schedulers.clear()
-        self._dataloaders.clear()
-        self._custom_objects.clear()
+        self._forget_prepared()
         release_memory()
         return [None] * len(objects)
 
