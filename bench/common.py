@@ -20,18 +20,31 @@ if str(ROOT) not in sys.path:  # `python bench/x.py` from a checkout without an 
     sys.path.insert(0, str(ROOT))
 
 
-def arguments(doc: str, *, data: bool = False, dataset: str = "mnist") -> argparse.Namespace:
-    """``--quick`` and ``--json`` for every benchmark; ``--data`` (the ``dataset`` folder) where asked."""
+def arguments(
+    doc: str, *, data: bool = False, dataset: str = "mnist", workloads: tuple[str, ...] = ()
+) -> argparse.Namespace:
+    """``--quick`` and ``--json`` for every benchmark; ``--data`` (the ``dataset`` folder) and ``--only``
+    (one of ``workloads``) where asked."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small version that runs in seconds (CI)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     if data:
         parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / dataset), help=f"{dataset} folder")
+    if workloads:
+        parser.add_argument("--only", choices=workloads, help="run this workload alone")
     return parser.parse_args()
 
 
 def interleave(contenders: dict[str, Callable[[], float | None]], rounds: int, warmup: int = 1) -> dict[str, float]:
-    """Run every contender once per round, in turn; return each one's median.
+    """Run every contender once per round, in turn; return each one's median (see :func:`interleave_rounds`)."""
+    samples = interleave_rounds(contenders, rounds, warmup)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def interleave_rounds(
+    contenders: dict[str, Callable[[], float | None]], rounds: int, warmup: int = 1
+) -> dict[str, list[float]]:
+    """Run every contender once per round, in turn; return each one's measurement of every round.
 
     A contender returns the quantity it measured itself (seconds per step, say), or None to be
     timed whole. The first ``warmup`` rounds are discarded. Each round starts one contender further
@@ -49,7 +62,21 @@ def interleave(contenders: dict[str, Callable[[], float | None]], rounds: int, w
             elapsed = time.perf_counter() - start
             if round_ >= warmup:
                 samples[name].append(elapsed if measured is None else measured)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
+
+
+def paired_ratio(samples: list[float], baseline: list[float]) -> tuple[float, float, float]:
+    """The median of the ratios of ``samples`` to ``baseline`` taken round by round, with their quartiles.
+
+    Pairing rounds cancels what drifts over a run, which the ratio of two medians keeps: the machine's
+    pace moves by several percent within a minute, and two identical contenders' medians once differed
+    by 17%.
+    """
+    ratios = [sample / base for sample, base in zip(samples, baseline, strict=True)]
+    if len(ratios) < 2:
+        return ratios[0], ratios[0], ratios[0]
+    low, _, high = statistics.quantiles(ratios, n=4)
+    return statistics.median(ratios), low, high
 
 
 @dataclass

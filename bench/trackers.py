@@ -1,7 +1,8 @@
 """Trackers: a step's time when every step logs to a tracker, against the same loop logging to none.
 
-    python bench/trackers.py           # 7 rounds (tiny loop: 4096 steps per contender per round; CNN: 128)
+    python bench/trackers.py           # 15 rounds of 2048 steps per contender (tiny loop); 14 of 64 (CNN)
     python bench/trackers.py --quick   # the CNN only, 8 steps, 2 rounds (what CI runs)
+    python bench/trackers.py --only tiny   # one workload alone (tiny or cnn)
 
 Each step logs what the runner logs (train/loss, read with .item() as the runner does for its log
 line, train/lr, train/samples_per_second) with ``accelerator.log``, through the engine. Two loops:
@@ -17,7 +18,11 @@ Each contender's trackers start once, outside the timing. A round times the step
 target's, <= 1.02x none), then the wait until the trackers have taken everything logged (``get_tracker``
 flushes): a tracker slower than the loop has a backlog, which is reported as the drain and as the steps
 a second the tracker takes, and is left to slow no other contender. ``end_training`` (the trackers'
-finish) is timed apart, once.
+finish) is timed apart, once. A ratio to none is the median of the rounds' ratios, each contender's round
+against none's round of the same turn, so that the machine's drift over the run cancels; the quartiles of
+those ratios are printed beside it. Apart from the wall clock, the work logging adds to the training process
+is counted from CPU clocks: ``log()``'s own time per call, and the CPU time of handing the records to the
+helper (its sender thread's, and the training thread's at the drains beyond an empty request's).
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ import importlib.util
 import os
 import statistics
 import tempfile
+import threading
 import time
+import timeit
 from pathlib import Path
 
 import torch
-from common import Report, arguments, interleave
+from common import Report, arguments, interleave_rounds, paired_ratio
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -45,9 +52,12 @@ class Loop:
 
     def __init__(self, workload: str, trackers: list[str] | None, folder: Path, steps: int, process: bool) -> None:
         torch.manual_seed(0)
+        threads = set(threading.enumerate())
         self.accelerator = Accelerator(cpu=True, project_dir=folder, log_with=trackers, tracker_process=process)
         self.trackers = trackers or []
         self.accelerator.init_trackers("", config={"optimizer": {"lr": 0.01}, "data": {"batch_size": 4}})
+        senders = [t for t in set(threading.enumerate()) - threads if t.name == "runner-trackers-sender"]
+        self.sender = time.pthread_getcpuclockid(senders[0].ident) if senders else None  # the helper's, if any
         if workload == "tiny":
             model, batch = nn.Linear(8, 1), 4
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -62,10 +72,12 @@ class Loop:
         self.model, self.optimizer, self.loader = self.accelerator.prepare(model, optimizer, loader)
         self.batch, self.step = batch, 0
         self.drains: list[float] = []  # seconds per step spent waiting for the trackers after each round's loop
+        self.handing = [0.0, 0.0, 0]  # this process's CPU seconds spent handing over: sender, at the drains; drains
 
     def __call__(self) -> float:
         """Seconds per step of the loop; the drain after it goes to ``drains``."""
         accelerator, model, optimizer = self.accelerator, self.model, self.optimizer
+        sending = time.clock_gettime(self.sender) if self.sender is not None else 0.0
         start = time.perf_counter()
         for x, y in self.loader:
             loss = self.loss(model(x), y)
@@ -77,11 +89,39 @@ class Loop:
                 {"train/loss": loss.item(), "train/lr": 0.01, "train/samples_per_second": self.batch * self.step},
                 step=self.step,
             )
-        looped = time.perf_counter()
+        looped, working = time.perf_counter(), time.thread_time()
         for name in self.trackers:  # wait until each has taken every step
             accelerator.get_tracker(name)
         self.drains.append((time.perf_counter() - looped) / len(self.loader))
+        if self.sender is not None:  # the sender thread's work, and what this thread sent itself at the drain
+            self.handing[0] += time.clock_gettime(self.sender) - sending
+            self.handing[1] += time.thread_time() - working
+            self.handing[2] += len(self.trackers)
         return (looped - start) / len(self.loader)
+
+    def handing_cost(self) -> float:
+        """CPU seconds per step this process spent handing the logged records to the helper: the sender thread's,
+        and this thread's at the drains less what the drains' requests cost with nothing to send."""
+        sender, drained, requests = self.handing
+        empty = []
+        for _ in range(50):
+            working = time.thread_time()
+            self.accelerator.get_tracker(self.trackers[0])
+            empty.append(time.thread_time() - working)
+        return (sender + drained - requests * statistics.median(empty)) / self.step
+
+    def log_cost(self, calls: int = 2000) -> float:
+        """Seconds one ``accelerator.log`` call of the loop's takes (best of 5), the trackers' backlog then taken."""
+        accelerator, values = self.accelerator, {"train/loss": 0.5, "train/lr": 0.01, "train/samples_per_second": 4}
+
+        def log() -> None:
+            self.step += 1
+            accelerator.log(values, step=self.step)
+
+        best = min(timeit.repeat(log, number=calls, repeat=5)) / calls
+        for name in self.trackers:
+            accelerator.get_tracker(name)
+        return best
 
     def close(self) -> float:
         """Seconds end_training takes: each tracker's finish (nothing is queued any more)."""
@@ -91,9 +131,13 @@ class Loop:
 
 
 def main() -> None:
-    args = arguments(__doc__)
-    rounds = 2 if args.quick else 7
-    steps = {"cnn": 8} if args.quick else {"tiny": 4096, "cnn": 128}
+    args = arguments(__doc__, workloads=("tiny", "cnn"))
+    rounds = {"cnn": 2} if args.quick else {"tiny": 15, "cnn": 14}
+    steps = {"cnn": 8} if args.quick else {"tiny": 2048, "cnn": 64}
+    if args.only and args.only not in steps:
+        raise SystemExit(f"--quick runs the cnn workload alone; leave out --only {args.only}.")
+    if args.only:
+        steps = {args.only: steps[args.only]}
     chosen = {"none": None, "none (again)": None, "tensorboard": ["tensorboard"], "csv": ["csv"]}
     if importlib.util.find_spec("mlflow") is not None:
         chosen["mlflow"] = ["mlflow"]
@@ -101,7 +145,8 @@ def main() -> None:
         chosen["wandb"] = ["wandb"]
     chosen["all"] = [name for name, trackers in chosen.items() if trackers]
     chosen["all (thread)"] = chosen["all"]
-    report = Report(f"Trackers: every step logs 3 scalars; {rounds} rounds")
+    shape = ", ".join(f"{workload} {rounds[workload]} rounds of {count} steps" for workload, count in steps.items())
+    report = Report(f"Trackers: every step logs 3 scalars; {shape}")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{tmp}/mlflow.db")
         os.environ.setdefault("WANDB_MODE", "offline")
@@ -112,22 +157,42 @@ def main() -> None:
                 name: Loop(workload, trackers, Path(tmp) / workload / name, count, process="thread" not in name)
                 for name, trackers in chosen.items()
             }
-            medians = interleave(loops, rounds)
+            samples = interleave_rounds(loops, rounds[workload])
+            medians = {name: statistics.median(values) for name, values in samples.items()}
             drains = {name: statistics.median(loop.drains[1:]) for name, loop in loops.items()}  # as interleave
+            handing = {name: loop.handing_cost() for name, loop in loops.items() if loop.sender is not None}
+            logging = {name: loop.log_cost() for name, loop in loops.items()}
             closing = {name: loop.close() for name, loop in loops.items()}
             for name, seconds in medians.items():
                 report.value(f"{workload}: {name} us/step", seconds, "us", scale=1e6)
             for name in medians:
                 if chosen[name]:
                     report.value(f"{workload}: {name} drain us/step", drains[name], "us", scale=1e6)
+            for name, seconds in logging.items():
+                report.value(f"{workload}: {name} log() us/call", seconds, "us", scale=1e6)
+            for name, seconds in handing.items():
+                report.value(f"{workload}: {name} handing over, CPU us/step", seconds, "us", scale=1e6)
             for name, seconds in closing.items():
                 report.value(f"{workload}: {name} end_training", seconds, "ms", scale=1e3)
+            spreads = []
             for name in medians:
                 if name != "none":
                     target = None if "thread" in name or "again" in name else "<= 1.02x"
-                    report.ratio(f"{workload}: {name} / none", medians[name] / medians["none"], target)
+                    ratio, low, high = paired_ratio(samples[name], samples["none"])
+                    report.ratio(f"{workload}: {name} / none", ratio, target)
+                    spreads.append(f"{name} {low:.3f}-{high:.3f}")
+            report.note(f"{workload}: quartiles of the rounds' ratios to none: {', '.join(spreads)}")
             added = ", ".join(f"{name} {(seconds - medians['none']) * 1e6:+.1f}" for name, seconds in medians.items())
             report.note(f"{workload}: us the loop pays per logged step against none: {added}")
+            own = ", ".join(
+                f"{name} {(logging[name] - logging['none']) * 1e6:.2f} + {seconds * 1e6:.2f} = "
+                f"{100 * (logging[name] - logging['none'] + seconds) / medians['none']:.2f}%"
+                for name, seconds in handing.items()
+            )  # fmt: skip
+            report.note(
+                f"{workload}: this process's own work per logged step, us: log() beyond none's + handing over "
+                f"(the sender thread's CPU, and this thread's at the drain) = share of none's step: {own}"
+            )
             taken = ", ".join(
                 f"{name} {1 / (medians[name] + drains[name]):.0f}" for name in medians if chosen[name]
             )  # fmt: skip

@@ -55,6 +55,25 @@ def test_every_benchmark_runs_and_reports_its_ratios(tmp_path, name):
         assert {label for label, ratio in report["ratios"].items() if ratio["target"]} == {
             f"cnn: {tracker} / none" for tracker in ("tensorboard", "csv", "mlflow", "wandb", "all")
         }  # the target is the runner's default: the trackers in their helper process
+        helpers = ("tensorboard", "csv", "mlflow", "wandb", "all")
+        handing = {label for label in report["values"] if label.endswith(" handing over, CPU us/step")}
+        assert handing == {f"cnn: {tracker} handing over, CPU us/step" for tracker in helpers}  # not on a thread
+        assert all(report["values"][f"cnn: {tracker} log() us/call"] > 0 for tracker in (*helpers, "none"))
+        assert "cnn: quartiles of the rounds' ratios to none: none (again) " in result.stdout
     if name == "startup":
         assert report["values"]["--help imports torch"] == 0  # --help never imports torch
         assert report["values"]["rejected override imports torch"] == 0
+
+
+def test_paired_ratio_cancels_the_machines_drift(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_common", BENCH / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_common", common)  # its dataclass looks its module up there
+    spec.loader.exec_module(common)
+    baseline = [1.0, 1.2, 0.9, 1.5, 1.1]  # the machine's pace moving from round to round
+    assert common.paired_ratio([1.01 * x for x in baseline], baseline) == pytest.approx((1.01, 1.01, 1.01))
+    ratio, low, high = common.paired_ratio([1.0, 1.3, 0.9, 1.5, 1.0], baseline)
+    assert (ratio, low, high) == pytest.approx((1.0, 0.9545, 1.0417), abs=1e-4)
+    assert common.paired_ratio([2.0], [1.0]) == (2.0, 2.0, 2.0)
+    with pytest.raises(ValueError):  # rounds left out on one side would pair the wrong rounds
+        common.paired_ratio([1.0, 1.0], [1.0])
