@@ -110,8 +110,9 @@ class Loop:
             empty.append(time.thread_time() - working)
         return (sender + drained - requests * statistics.median(empty)) / self.step
 
-    def log_cost(self, calls: int = 2000) -> float:
-        """Seconds one ``accelerator.log`` call of the loop's takes (best of 5), the trackers' backlog then taken."""
+    def log_cost(self, calls: int) -> float:
+        """Seconds one ``accelerator.log`` call of the loop's takes (best of 5 x ``calls``), the trackers' backlog
+        then taken."""
         accelerator, values = self.accelerator, {"train/loss": 0.5, "train/lr": 0.01, "train/samples_per_second": 4}
 
         def log() -> None:
@@ -161,7 +162,7 @@ def main() -> None:
             medians = {name: statistics.median(values) for name, values in samples.items()}
             drains = {name: statistics.median(loop.drains[1:]) for name, loop in loops.items()}  # as interleave
             handing = {name: loop.handing_cost() for name, loop in loops.items() if loop.sender is not None}
-            logging = {name: loop.log_cost() for name, loop in loops.items()}
+            logging = {name: loop.log_cost(50 if args.quick else 500) for name, loop in loops.items()}
             closing = {name: loop.close() for name, loop in loops.items()}
             for name, seconds in medians.items():
                 report.value(f"{workload}: {name} us/step", seconds, "us", scale=1e6)
