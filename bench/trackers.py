@@ -72,7 +72,7 @@ class Loop:
         self.model, self.optimizer, self.loader = self.accelerator.prepare(model, optimizer, loader)
         self.batch, self.step = batch, 0
         self.drains: list[float] = []  # seconds per step spent waiting for the trackers after each round's loop
-        self.handing = [0.0, 0.0, 0, 0]  # CPU seconds handing over (the sender's, at the drains); requests; steps
+        self.handing = 0.0  # CPU seconds this process spent handing records over: the sender's, and at the drains
 
     def __call__(self) -> float:
         """Seconds per step of the loop; the drain after it goes to ``drains``."""
@@ -94,22 +94,19 @@ class Loop:
             accelerator.get_tracker(name)
         self.drains.append((time.perf_counter() - looped) / len(self.loader))
         if self.sender is not None:  # the sender thread's work, and what this thread sent itself at the drain
-            self.handing[0] += time.clock_gettime(self.sender) - sending
-            self.handing[1] += time.thread_time() - working
-            self.handing[2] += len(self.trackers)
-            self.handing[3] += len(self.loader)
+            self.handing += time.clock_gettime(self.sender) - sending + time.thread_time() - working
         return (looped - start) / len(self.loader)
 
     def handing_cost(self) -> float:
         """CPU seconds per step this process spent handing the logged records to the helper: the sender thread's,
         and this thread's at the drains less what the drains' requests cost with nothing to send."""
-        sender, drained, requests, steps = self.handing
         empty = []
         for _ in range(50):
             working = time.thread_time()
             self.accelerator.get_tracker(self.trackers[0])
             empty.append(time.thread_time() - working)
-        return (sender + drained - requests * statistics.median(empty)) / steps
+        rounds = len(self.drains)  # each drain asked every tracker once
+        return (self.handing - rounds * len(self.trackers) * statistics.median(empty)) / (rounds * len(self.loader))
 
     def log_cost(self, calls: int) -> float:
         """Seconds one ``accelerator.log`` call of the loop's takes (best of 5 x ``calls``), the trackers' backlog
