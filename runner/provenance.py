@@ -7,13 +7,21 @@ or a module inside the folder, and its manifest's checksums prove nothing: whoev
 folder rewrites them too.
 
 So every checkpoint the runner writes carries ``signature.json``: an HMAC-SHA256 of its
-``config.yaml`` and ``overrides.yaml`` under a key that never leaves this user's home
-(``$RUNNER_HOME/signing.key``, by default ``~/.config/runner/``). A checkpoint signed with your key
-is one of your runs and resumes as it was started. Any other may only call the ``_target_``s and
-recipe that your installed config groups and config folders, or the current command line, name,
+``config.yaml``, ``overrides.yaml`` and ``manifest.json`` under a key that never leaves this user's
+home (``$RUNNER_HOME/signing.key``, by default ``~/.config/runner/``), written once the manifest is
+(:func:`sign`, a commit hook of the save). The manifest holds every other file's digest and the
+run's position (steps, data streams), so the signature covers everything the checkpoint means. It
+also names the key (``key_id``), so a checkpoint of yours that was changed afterwards, even into a
+self-consistent one with its digests recomputed, is told apart from one somebody else wrote, and
+refused as damaged (:func:`check_unchanged`).
+
+A checkpoint signed with your key is one of your runs and resumes as it was started. Any other may
+only call the code (``_target_``s, the paths ``hydra.utils.get_object`` and its kin are given, the
+recipe) that your installed config groups and config folders, or the current command line, name,
 and may run code from the Hugging Face Hub (``trust_remote_code``) only where this command line
 sets it; anything else is refused in one sentence, unless ``trust_resume=true`` accepts it
-deliberately.
+deliberately. What such a folder reads from your environment or where it would send the run
+(:mod:`runner.foreign_config`) is refused unless this command line gives those keys.
 
 Nothing here imports the code it checks: the names are compared as strings, before anything of
 the folder's config is imported, validated or composed.
@@ -34,16 +42,28 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from runner.config import CONF_DIR, RECIPES, TRUST_KEY, ConfigError
+from runner.engine.constants import MANIFEST_NAME
+from runner.foreign_config import (
+    ENVIRONMENT_RESOLVERS,
+    PURE_RESOLVERS,
+    config_files,
+    destinations,
+    environment_reads,
+    installed_values,
+    join,
+    plain_config,
+    plain_schema,
+    resolvers_in,
+)
 from runner.layout import CONFIG_FILE, OVERRIDES_FILE
 
 logger = logging.getLogger("runner")
 
 SIGNATURE_FILE = "signature.json"
 KEY_FILE = "signing.key"
-SIGNED_FILES = (CONFIG_FILE, OVERRIDES_FILE)
+SIGNED_FILES = (CONFIG_FILE, OVERRIDES_FILE, MANIFEST_NAME)
+SIGNATURE_FORMAT = 2  # 1 (no format field) signed the two config files only: it proves nothing about the manifest
 
 
 def key_path() -> Path:
@@ -93,26 +113,75 @@ def signing_key(*, create: bool) -> bytes | None:
 def _digest(folder: Path, key: bytes) -> str:
     mac = hmac.new(key, digestmod=hashlib.sha256)
     for name in SIGNED_FILES:
-        content = (folder / name).read_bytes()
-        mac.update(name.encode() + b"\0" + len(content).to_bytes(8, "little") + content)
+        content = read_unlinked(folder / name)
+        size = b"absent" if content is None else len(content).to_bytes(8, "little")  # a file may not be removed
+        mac.update(name.encode() + b"\0" + size + (content or b""))
     return mac.hexdigest()
 
 
-def sign(folder: Path) -> None:
-    """Write ``folder/signature.json`` for the config files in it (nothing when no key can be made)."""
+def read_unlinked(path: Path) -> bytes | None:
+    """The bytes of ``path``, or None if it is absent; never through a link (a link is an OSError)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return file.read()
+
+
+def _key_id(key: bytes) -> str:
+    """Names the key in a signature without revealing anything of it."""
+    return hmac.new(key, b"runner signing key id", hashlib.sha256).hexdigest()[:16]
+
+
+def sign(folder: str | os.PathLike) -> None:
+    """Write ``folder/signature.json`` for its config files and manifest (nothing when no key can be made).
+
+    A checkpoint's commit hook: it runs once the manifest is written, before the folder is committed.
+    """
     key = signing_key(create=True)
     if key is not None:
-        (folder / SIGNATURE_FILE).write_text(json.dumps({"hmac_sha256": _digest(folder, key)}))
+        signature = {"format": SIGNATURE_FORMAT, "key_id": _key_id(key), "hmac_sha256": _digest(Path(folder), key)}
+        (Path(folder) / SIGNATURE_FILE).write_text(json.dumps(signature))
+
+
+def signature_of(checkpoint: Path) -> str:
+    """``"yours"``: signed with this user's key, as it was saved; ``"changed"``: signed with this user's key but
+    changed since; ``"other"``: signed with another key, with an older kind of signature, or not at all."""
+    key = signing_key(create=False)
+    try:
+        signature = json.loads(read_unlinked(checkpoint / SIGNATURE_FILE) or b"null")
+        expected, key_id = signature["hmac_sha256"], signature["key_id"]
+        if key is None or signature.get("format") != SIGNATURE_FORMAT or key_id != _key_id(key):
+            return "other"
+        if isinstance(expected, str) and hmac.compare_digest(_digest(checkpoint, key), expected):
+            return "yours"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return "other"
+    return "changed"
 
 
 def signed_by_you(checkpoint: Path) -> bool:
-    """Whether ``checkpoint``'s config files carry a valid signature made with this user's key."""
-    key = signing_key(create=False)
-    try:
-        expected = json.loads((checkpoint / SIGNATURE_FILE).read_text())["hmac_sha256"]
-        return key is not None and isinstance(expected, str) and hmac.compare_digest(_digest(checkpoint, key), expected)
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+    """Whether ``checkpoint``'s config files and manifest carry a valid signature made with this user's key."""
+    return signature_of(checkpoint) == "yours"
+
+
+def check_unchanged(checkpoint: Path) -> None:
+    """Refuse a checkpoint signed with this user's key whose signed files changed since (a damaged checkpoint).
+
+    Raises:
+        CheckpointError: One sentence naming the checkpoint.
+    """
+    from runner.engine.checkpoint import CheckpointError
+
+    if signature_of(checkpoint) == "changed":
+        raise CheckpointError(
+            f"{SIGNATURE_FILE} was made with your key ({key_path()}) for other contents of "
+            f"{', '.join(SIGNED_FILES[:-1])} and {SIGNED_FILES[-1]}: the checkpoint was changed after it was saved, so "
+            "it is treated as damaged"
+        )
 
 
 # ---------------------------------------------------------------------------------------- what code is named
@@ -130,17 +199,29 @@ def targets_in(node: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
             yield from targets_in(value, f"{prefix}[{index}]")
 
 
-def _plain(path: Path) -> Any:
-    try:
-        return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    except Exception:  # a YAML file that is not a config (OmegaConf raises several types): it names nothing
-        return None
+# Hydra's functions that return the object at a dotted path: that path names code as a _target_ does.
+GETTERS = ("hydra.utils.get_object", "hydra.utils.get_method", "hydra.utils.get_class", "hydra.utils.get_static_method")
 
 
-def _config_files(folder: Path) -> Iterator[Path]:
-    for path in sorted(folder.rglob("*")):
-        if path.suffix in (".yaml", ".yml") and path.is_file():
-            yield path
+def object_paths_in(node: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """``(key, path)`` for every dotted path a :data:`GETTERS` node is given (``path:``, or its first ``_args_``)."""
+    for key, target in targets_in(node):
+        found, where = (node, prefix) if key == "_target_" else (_select(node, key), join(prefix, key))
+        if target in GETTERS and isinstance(found, dict):
+            args = found.get("_args_")
+            if "path" in found:
+                yield join(where, "path"), str(found["path"])
+            elif isinstance(args, list) and args:
+                yield join(where, "_args_[0]"), str(args[0])
+
+
+def _select(node: Any, key: str) -> Any:
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", key):
+        if part.startswith("["):
+            node = node[int(part[1:-1])] if isinstance(node, list) else None
+        else:
+            node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def search_path_folders(entries: Iterable[str]) -> list[Path]:
@@ -169,9 +250,10 @@ def installed_names(folders: Iterable[Path]) -> tuple[set[str], set[str]]:
     register_configs()  # the schemas name the built-in options' targets
     targets, recipes = set(), set(RECIPES) | set(RECIPES.values())
     for folder in folders:
-        for path in _config_files(folder):
-            config = _plain(path)
+        for path in config_files(folder):
+            config = plain_config(path)
             targets.update(target for _, target in targets_in(config))
+            targets.update(name for _, name in object_paths_in(config))
             if isinstance(config, dict) and isinstance(config.get("recipe"), str):
                 recipes.add(config["recipe"])
 
@@ -180,28 +262,16 @@ def installed_names(folders: Iterable[Path]) -> tuple[set[str], set[str]]:
             if isinstance(value, dict):
                 walk(value)
             else:  # a ConfigNode: a registered schema
-                targets.update(target for _, target in targets_in(_container(value.node)))
+                targets.update(target for _, target in targets_in(plain_schema(value.node)))
+                targets.update(name for _, name in object_paths_in(plain_schema(value.node)))
 
     walk(ConfigStore.instance().repo)
     return targets, recipes
 
 
-def _container(node: Any) -> Any:
-    try:
-        return OmegaConf.to_container(OmegaConf.create(node), resolve=False)
-    except Exception:  # a schema OmegaConf cannot turn into a container names no target
-        return None
-
-
-# Resolvers a saved value may use: they read the environment or the clock. Any other (oc.create,
-# oc.decode, a user's own) builds config, a _target_ node among it, at the moment it resolves.
-PLAIN_RESOLVERS = ("oc.env", "now")
-_RESOLVER = re.compile(r"\$\{\s*([A-Za-z_][\w.\-]*)\s*:")
-
-
 def override_names(lines: Iterable[str]) -> Iterator[tuple[str, str, str]]:
     """``(kind, name, shown)`` for each ``_target_`` (kind ``target``), recipe (``recipe``) and resolver other than
-    :data:`PLAIN_RESOLVERS` (``resolver``) that the override lines name, values included
+    the pure ones and those that read the environment (``resolver``) that the override lines name, values included
     (``+metrics.m={_target_: ...}``); a line Hydra cannot parse is ``unparsed``, shown as it is."""
     from runner import overrides as parsed
 
@@ -222,6 +292,8 @@ def override_names(lines: Iterable[str]) -> Iterator[tuple[str, str, str]]:
             else:
                 for where, target in targets_in(value, key):
                     yield "target", target, f"{where}._target_={target}"
+                for where, name in object_paths_in(value, key):
+                    yield "target", name, f"{where}={name}"
                 yield from _remote_code_in({key.rpartition(".")[2]: value}, key.rpartition(".")[0])
 
 
@@ -233,7 +305,8 @@ def command_line_names(overrides: Iterable[str]) -> tuple[set[str], set[str]]:
 
 def saved_names(checkpoint: Path) -> list[tuple[str, str, str]]:
     """``(kind, name, shown)`` for what ``checkpoint``'s config and saved overrides name: each ``_target_``
-    (``target``), the recipe (``recipe``), and each resolver beyond :data:`PLAIN_RESOLVERS` (``resolver``).
+    (``target``) and path given to a getter (:data:`GETTERS`), the recipe (``recipe``), and each resolver that may
+    build config (``resolver``).
 
     Raises:
         ConfigError: ``config.yaml`` is not a mapping, or ``overrides.yaml`` not a list of strings.
@@ -241,10 +314,11 @@ def saved_names(checkpoint: Path) -> list[tuple[str, str, str]]:
     from runner.layout import saved_overrides
 
     path = checkpoint / SIGNED_FILES[0]
-    config = _plain(path)
+    config = plain_config(path)
     if not isinstance(config, dict):
         raise ConfigError(f"{path} is not a config; the checkpoint is damaged, so resume another one.")
     names = [("target", target, f"{key}._target_={target}") for key, target in targets_in(config)]
+    names += [("target", name, f"{key}={name}") for key, name in object_paths_in(config)]
     if config.get("recipe") is not None:
         names.append(("recipe", str(config["recipe"]), f"recipe={config['recipe']}"))
     names += list(_resolvers_in(config, ""))
@@ -277,23 +351,18 @@ def _remote_code_in(node: Any, key: str) -> Iterator[tuple[str, str, str]]:
 
 
 def _resolvers_in(node: Any, key: str) -> Iterator[tuple[str, str, str]]:
-    if isinstance(node, dict):
-        for name, value in node.items():
-            yield from _resolvers_in(str(name), key)
-            yield from _resolvers_in(value, f"{key}.{name}" if key else str(name))
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            yield from _resolvers_in(value, f"{key}[{index}]")
-    elif isinstance(node, str):
-        for resolver in _RESOLVER.findall(node):
-            if resolver not in PLAIN_RESOLVERS:
-                yield "resolver", resolver, f"{key} uses the resolver {resolver}"
+    """``("resolver", name, shown)`` for each resolver that may build config (neither pure nor one that reads the
+    environment, which :func:`runner.foreign_config.environment_reads` reports)."""
+    for where, resolver in resolvers_in(node, key):
+        if resolver not in PURE_RESOLVERS + ENVIRONMENT_RESOLVERS:
+            yield "resolver", resolver, f"{where} uses the resolver {resolver}"
 
 
 def check_resumable(
     checkpoint: Path, *, path: str, overrides: list[str], search_path: list[str], command: str = "resume"
 ) -> None:
-    """Refuse to resume ``checkpoint`` if it is not your run and names code your configs and command line do not.
+    """Refuse to resume ``checkpoint`` if it is not your run and names code, reads your environment or sends the run
+    somewhere that your configs and command line do not; refuse one of yours that was changed since it was saved.
 
     Args:
         checkpoint: The checkpoint folder ``resume=path`` chose.
@@ -303,18 +372,46 @@ def check_resumable(
         command: ``resume``, or the verb that rebuilds the run's model instead (``generate``), for the message.
 
     Raises:
-        ConfigError: One sentence listing the unknown targets and how to accept them.
+        ConfigError: One sentence listing what is refused and how to accept it.
     """
+    from runner.engine.checkpoint import CheckpointError
+
     asked, doing = (f"resume={path}", "resuming") if command == "resume" else (f"runner {command} {path}", command)
-    if _trusted(overrides) or signed_by_you(checkpoint):
+    try:
+        check_unchanged(checkpoint)
+    except CheckpointError as error:
+        raise ConfigError(
+            f"{asked}: {error}; resume an earlier checkpoint, or the run folder, which skips it."
+        ) from None
+    if signed_by_you(checkpoint):
         return
+    folders = [CONF_DIR, *search_path_folders(search_path)]
+    if not _trusted(overrides):
+        _check_code(checkpoint, asked=asked, doing=doing, overrides=overrides, folders=folders)
+    typed = _typed_keys(overrides)
+    config, run_dir = plain_config(checkpoint / CONFIG_FILE), checkpoint.resolve().parent.parent
+    from runner.layout import saved_overrides
+
+    reaches = environment_reads(config, saved_overrides(checkpoint), typed=typed)
+    reaches += destinations(config, run_dir=run_dir, typed=typed, installed=installed_values(folders))
+    if reaches:
+        raise ConfigError(
+            f"{asked}: {checkpoint} was not written by you (it carries no signature of your key {key_path()}) and "
+            f"its config reaches past the folder ({', '.join(reaches)}); {doing} would read your environment or send "
+            "the run there, so give each of those keys on this command line (the value you want, or null) to accept "
+            "or replace it."
+        )
+
+
+def _check_code(checkpoint: Path, *, asked: str, doing: str, overrides: list[str], folders: list[Path]) -> None:
+    """Refuse a folder (not yours) that names code your config groups and this command line do not."""
     run_dir = checkpoint.resolve().parent.parent
     if Path.cwd().resolve().is_relative_to(run_dir):
         raise ConfigError(
             f"{asked}: {run_dir} was not written by you and this command runs inside it, where Python imports "
             f"the folder's own modules first; run it from outside the folder (cd {run_dir.parent})."
         )
-    targets, recipes = installed_names([CONF_DIR, *search_path_folders(search_path)])
+    targets, recipes = installed_names(folders)
     typed_targets, typed_recipes = command_line_names(overrides)
     typed_remote_code = {name for kind, name, _ in override_names(overrides) if kind == "remote code"}
     allowed = {"target": targets | typed_targets, "recipe": recipes | typed_recipes, "remote code": typed_remote_code}
@@ -329,6 +426,19 @@ def check_resumable(
             f"({', '.join(unknown)}); {doing} would run it, so read that code first and add "
             f"{TRUST_KEY}=true to accept it."
         )
+
+
+def _typed_keys(overrides: Iterable[str]) -> list[str]:
+    """The keys this command line's overrides set (``+``/``++`` dropped)."""
+    from runner import overrides as parsed
+
+    keys = []
+    for line in overrides:
+        try:
+            keys.append(parsed.key(line))
+        except ConfigError:  # the command line was parsed before this: a line that does not parse sets nothing
+            continue
+    return keys
 
 
 def _trusted(overrides: Iterable[str]) -> bool:

@@ -8,8 +8,8 @@
 - :func:`start` (every worker): starts them, records the config, and writes ``trackers.json`` (the
   MLflow and W&B run ids) in the run folder; a resumed run reads it back and continues those runs.
 - :func:`finish`: metrics.json, and the model folder where the tracker keeps files.
-- :func:`check_reachable` (launching process): an MLflow server or W&B that cannot be reached is one
-  sentence before anything starts.
+- :func:`check_reachable` (launching process): an MLflow store that cannot be used (a server or W&B that cannot be
+  reached, a SQLite file or a folder this user cannot write) is one sentence before anything starts.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def build(cfg: DictConfig) -> list:
     from runner.engine.tracking import CSVTracker, GeneralTracker, MLflowTracker, TensorBoardTracker, WandBTracker
 
     project_dir = Path(cfg.project.project_dir)
-    previous = _recorded(project_dir) if cfg.resume else {}
+    previous = _recorded(project_dir) if cfg.resume and _continues_own_run(Path(cfg.resume)) else {}
     trackers: list[GeneralTracker] = []
     for name, node in (cfg.get("tracker") or {}).items():
         keys = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node or {})
@@ -84,6 +85,22 @@ def build(cfg: DictConfig) -> list:
 
             trackers.append(instantiate(node))
     return trackers
+
+
+def _continues_own_run(checkpoint: Path) -> bool:
+    """Whether the resumed checkpoint is this user's own: only then are the tracker runs trackers.json names
+    continued. Someone else's folder may name anybody's runs there (a colleague's finished MLflow run, say), and
+    the resume would add its parameters, metrics and model to them: it starts new runs instead."""
+    from runner.provenance import signed_by_you
+
+    if signed_by_you(checkpoint):
+        return True
+    if (checkpoint.parent.parent / TRACKERS_FILE).is_file():
+        logger.warning(
+            "%s was not written by you: the trackers start new runs rather than continuing those %s names.",
+            checkpoint, TRACKERS_FILE,
+        )  # fmt: skip
+    return False
 
 
 def start(accelerator, cfg: DictConfig) -> None:
@@ -127,7 +144,8 @@ def finish(accelerator, cfg: DictConfig) -> None:
 
 
 def check_reachable(cfg: DictConfig, *, timeout: float = 5.0) -> None:
-    """An MLflow server or W&B that cannot be reached, or W&B online without a login: one sentence, now.
+    """An MLflow store that cannot be used (a server that cannot be reached, a SQLite file or a folder that cannot
+    be written), W&B that cannot be reached, or W&B online without a login: one sentence, now.
 
     Raises:
         ConfigError: Naming the key and the fix.
@@ -138,7 +156,9 @@ def check_reachable(cfg: DictConfig, *, timeout: float = 5.0) -> None:
     import urllib.request
 
     uri = OmegaConf.select(cfg, "tracker.mlflow.tracking_uri")
-    if isinstance(uri, str) and uri.startswith(("http://", "https://")):
+    if isinstance(uri, str) and uri.lower().startswith(("sqlite:", "file:")):
+        _check_local_store(uri)
+    if isinstance(uri, str) and uri.lower().startswith(("http://", "https://")):
         try:
             urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout).close()
         except (urllib.error.URLError, OSError, ValueError) as error:
@@ -163,6 +183,56 @@ def check_reachable(cfg: DictConfig, *, timeout: float = 5.0) -> None:
                 f"tracker=wandb cannot reach {base} ({error.strerror or error}); check the network, or set "
                 "tracker.wandb.mode=offline (then `wandb sync` later)."
             ) from None
+
+
+def _check_local_store(uri: str) -> None:
+    """The SQLite file of ``sqlite:///<file>`` (its folder may be made), or the folder of ``file:<folder>``, can
+    be written by this user, without following a link; a folder store is one the installed MLflow still opens.
+
+    Nothing is made here: the nearest folder that exists is probed with a file created and removed at once.
+    """
+    from urllib.parse import urlsplit
+
+    key = f"tracker.mlflow.tracking_uri={uri}"
+    if uri.lower().startswith("sqlite:"):
+        store = Path(uri[len("sqlite:///") :].partition("?")[0])
+        folder = store.parent
+        if store.is_symlink() or (store.exists() and not store.is_file()):
+            what = "a link" if store.is_symlink() else "not a file"
+            raise ConfigError(
+                f"{key}: {store} is {what}; point tracking_uri at a SQLite file of its own, or leave it null for a "
+                "SQLite file in the run folder."
+            )
+    else:
+        folder = Path(urlsplit(uri).path)
+        _check_folder_store_allowed(key)
+    existing = next(parent for parent in (folder, *folder.parents) if parent.exists() or parent.is_symlink())
+    probe = existing / f".write-test-{uuid.uuid4().hex[:8]}"
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(0, f"{existing} is not a folder")
+        probe.touch(exist_ok=False)  # created exclusively: never through a link of that name
+        probe.unlink()
+    except OSError as error:
+        what = "cannot be written" if existing == folder else f"does not exist and cannot be made in {existing}"
+        raise ConfigError(
+            f"{key}: the folder {folder} {what} ({error.strerror or error}); choose a folder this user can write, or "
+            "leave tracking_uri null for a SQLite file in the run folder."
+        ) from None
+
+
+def _check_folder_store_allowed(key: str) -> None:
+    """MLflow 3 keeps a folder store (``file:``) in maintenance mode and refuses it unless MLFLOW_ALLOW_FILE_STORE
+    is set."""
+    try:
+        from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+    except ImportError:  # an MLflow from before the maintenance mode: it opens folders
+        return
+    if not MLFLOW_ALLOW_FILE_STORE.get():
+        raise ConfigError(
+            f"{key}: the installed MLflow no longer opens a folder store unless MLFLOW_ALLOW_FILE_STORE=true is set; "
+            "set it, or use sqlite:///<file>.db (or leave tracking_uri null for a SQLite file in the run folder)."
+        )
 
 
 def _netrc_has(host: str) -> bool:

@@ -98,9 +98,27 @@ def _eval_command(argv: list[str]) -> list[str]:
     if not argv or ("=" in argv[0] and not os.path.isdir(argv[0])):  # a sweep job's folder may be named lr=0.1
         print(f"runner: error: runner eval needs a run or checkpoint folder first; {EVAL_USAGE}", file=sys.stderr)
         sys.exit(USAGE_ERROR)
-    from runner.overrides import hydra_value
+    from runner import overrides as parsed
+    from runner.config import ConfigError
 
-    return ["runner", f"resume={hydra_value(argv[0])}", "evaluate_only=true", *argv[1:]]
+    lines = [line for line in argv[1:] if "=" in line and not line.startswith("-")]  # Hydra's flags are Hydra's
+    try:
+        trains = [
+            line
+            for line in lines
+            if parsed.key(line) == "evaluate_only" and parsed.value([line], "evaluate_only") != "true"
+        ]
+    except ConfigError as error:
+        print(f"runner: error: {error}", file=sys.stderr)
+        sys.exit(USAGE_ERROR)
+    if trains:  # resume=<folder> trains; runner eval must not, nor sign what it would write
+        print(
+            f"runner: error: runner eval only evaluates, so {trains[0]} is not an option of it; to train the "
+            f"run further, resume it: runner resume={argv[0]}.",
+            file=sys.stderr,
+        )
+        sys.exit(USAGE_ERROR)
+    return ["runner", f"resume={parsed.hydra_value(argv[0])}", "evaluate_only=true", *argv[1:]]
 
 
 def take_run_folder(command, args):

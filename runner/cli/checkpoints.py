@@ -14,6 +14,7 @@ from pathlib import Path
 
 from runner.engine.checkpoint import CheckpointError, checkpoint_number, read_manifest
 from runner.engine.constants import CHECKPOINTS_DIR, MANIFEST_NAME
+from runner.provenance import check_unchanged
 
 
 def describe(run_dir: Path, *, verify_checksums: bool = True) -> list[dict]:
@@ -29,6 +30,7 @@ def describe(run_dir: Path, *, verify_checksums: bool = True) -> list[dict]:
             record["status"] = f"incomplete: no {MANIFEST_NAME}"
         else:
             try:
+                check_unchanged(path)  # one of yours changed since: damaged, as resume= treats it
                 _fill(record, read_manifest(path, verify_checksums=verify_checksums))
                 record["status"] = "intact"
             except CheckpointError as error:

@@ -47,7 +47,8 @@ def from_command_line(path: str, overrides: list[str], *, search_path: list[str]
 
     run_dir, checkpoint = find_checkpoint(path)
     # Before anything of the folder's config is composed, validated or imported: it may name code.
-    check_resumable(checkpoint, path=path, overrides=overrides, search_path=search_path)
+    verb = "eval" if parsed.value(overrides, "evaluate_only") == "true" else "resume"  # runner eval's command line
+    check_resumable(checkpoint, path=path, overrides=overrides, search_path=search_path, command=verb)
     switched = [line for line, override in zip(overrides, parsed.parse(overrides), strict=True)
                 if override.key_or_group in CONFIG_GROUPS]  # fmt: skip
     if switched:
@@ -123,7 +124,12 @@ def find_checkpoint(path: str, *, verify_checksums: bool = True) -> tuple[Path, 
             f"resume={path} is neither a checkpoint folder (checkpoint_N) nor a run folder (it has no "
             f"{CHECKPOINTS_DIR}/ folder); pass one of those."
         )
-    newest, skipped = newest_intact_checkpoint(folder / CHECKPOINTS_DIR, verify_checksums=verify_checksums)
+    from runner.provenance import check_unchanged
+
+    # A checkpoint of yours changed since it was saved is damaged: passed over like one whose files do not match.
+    newest, skipped = newest_intact_checkpoint(
+        folder / CHECKPOINTS_DIR, verify_checksums=verify_checksums, check=check_unchanged
+    )
     for checkpoint, error in skipped:
         logger.warning("Skipping %s: %s", checkpoint.name, error)
     if newest is not None:  # newest_intact_checkpoint checked it (and hashed it, with verify_checksums)

@@ -98,11 +98,11 @@ def build_accelerator(cfg: DictConfig):
 
 
 def record_config_in_checkpoints(accelerator, config: dict[str, Any], overrides: list[str]) -> None:
-    """Write the run's config and overrides into every checkpoint, signed, so resume can rebuild the run
-    and knows it for one of yours (:mod:`runner.provenance`).
+    """Write the run's config and overrides into every checkpoint, and sign them with its manifest once that is
+    written, so resume can rebuild the run and knows it for one of yours, as it was saved (:mod:`runner.provenance`).
 
     Under ``save_on_each_node`` each node's local main process writes them into its node's copy, so
-    ``resume=`` works on every node."""
+    ``resume=`` works on every node (and signs that copy: it writes the copy's manifest)."""
     from runner import provenance
 
     each_node = accelerator.project_configuration.save_on_each_node
@@ -111,9 +111,9 @@ def record_config_in_checkpoints(accelerator, config: dict[str, Any], overrides:
         if accelerator.is_main_process or (each_node and accelerator.is_local_main_process):
             OmegaConf.save(OmegaConf.create(config), Path(output_dir, CONFIG_FILE))
             OmegaConf.save(OmegaConf.create(list(overrides)), Path(output_dir, OVERRIDES_FILE))
-            provenance.sign(Path(output_dir))
 
     accelerator.register_save_state_pre_hook(write)
+    accelerator.register_save_state_commit_hook(provenance.sign)
 
 
 def pin_threads(threads: int | None) -> None:
@@ -179,7 +179,8 @@ def run_worker_process(config: dict[str, Any], overrides: list[str]) -> float | 
     try:
         objective = run_worker(config, overrides, environment=LaunchEnvironment.read())
     except preemption.Preempted as stop:
-        logger.warning("Preempted: %s; the checkpoint is saved", stop)
+        saved = "" if isinstance(stop, preemption.EvaluationStopped) else "; the checkpoint is saved"
+        logger.warning("Preempted: %s%s", stop, saved)
         preemption.release()  # a further signal may now end the process: nothing is left to lose
         exit_without_finalizing(preemption.EXIT_CODE)
         sys.exit(preemption.EXIT_CODE)

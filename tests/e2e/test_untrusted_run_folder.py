@@ -1,12 +1,21 @@
 """A run folder someone hands you is data: resuming it runs no code that your configs and command line do not name."""
 
+import json
+import logging
 import pickle
 import shutil
+import socket
+import subprocess
+import sys
 import textwrap
+import time
+import urllib.request
 
 import pytest
 from omegaconf import OmegaConf
 
+from runner.cli.resume import find_checkpoint
+from runner.provenance import key_path
 from tests.e2e.conftest import metrics, mnist_args, run_cli, run_cli_refusals
 from tests.unit.engine.checkpoint.checkpoint_edits import rewrite_manifest
 
@@ -132,3 +141,171 @@ def test_your_own_run_resumes_and_anyone_elses_is_refused_before_its_code_is_imp
     trusted = run_cli(f"resume={hub}", "trust_resume=true", "trainer.max_steps=6", cwd=here, env=someone_else)
     assert trusted.returncode == 0, trusted.stderr[-2000:]
     assert markers["hub"].exists() and metrics(hub)["step"] == 6
+
+
+class MLflowServer:
+    """A real MLflow tracking server on loopback, its access log kept: a request it was sent shows there."""
+
+    def __init__(self, folder):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = folder / "server.log"
+        command = [
+            sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
+            "--backend-store-uri", f"sqlite:///{folder / 'store.db'}", "--default-artifact-root", str(folder / "art"),
+        ]  # fmt: skip
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=folder)
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log.read_text()[-2000:]
+            try:
+                urllib.request.urlopen(f"{self.url}/health", timeout=2).close()
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise AssertionError(f"the MLflow server did not start: {self.log.read_text()[-2000:]}")
+
+    def requests(self) -> list[str]:
+        """Every request the server logged."""
+        return [line for line in self.log.read_text().splitlines() if '"GET ' in line or '"POST ' in line]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """Started first, so that it comes up while the module's run trains."""
+    pytest.importorskip("mlflow")
+    server = MLflowServer(tmp_path_factory.mktemp("mlflow_server"))
+    yield server
+    server.process.terminate()
+    server.process.wait(timeout=30)
+
+
+def _foreign(here, run, name, edit):
+    """A copy of ``run`` whose newest checkpoint's config ``edit`` changed, its manifest digests recomputed: what
+    anyone could make of a folder (the manifest's digest is not keyed; only your signature is)."""
+    folder, checkpoint, config = _their_copy(here, run, name)
+    plain = OmegaConf.to_container(config)
+    edit(plain)
+    OmegaConf.save(OmegaConf.create(plain), checkpoint / "config.yaml")
+    rewrite_manifest(checkpoint, relist=["config.yaml"])
+    return folder, checkpoint
+
+
+def test_a_foreign_folder_reaches_no_code_environment_or_server_that_you_did_not_name(mlflow_server, own_run):
+    here, run = own_run
+    mlflow = pytest.importorskip("mlflow")
+    marker = here / "unpickled.ran"
+    (here / "notes.pkl").write_bytes(pickle.dumps(_CreatesMarker(marker)))
+
+    def getter(config):  # the tokenizer of a text dataset, fetched by path: pandas.read_pickle of their file
+        config["data"]["eval"] = {
+            "_target_": "runner.data.Packed", "block_size": 4, "dataset": [f"{here}/notes.pkl"],
+            "tokenizer": {"_target_": "hydra.utils.get_object", "path": "pandas.read_pickle"},
+        }  # fmt: skip
+        config["data"]["eval_transform"] = {"_target_": "hydra.utils.get_object", "_args_": ["os.system"]}
+
+    def tracked(uri, **extra):
+        mlflow_node = {"tracking_uri": uri, "experiment_name": "runner", "run_name": None, "group": None,
+                       "tags": {}, "log_model": True}  # fmt: skip
+        return lambda config: config.update(tracker={"mlflow": {**mlflow_node, **extra}})
+
+    got, got_checkpoint = _foreign(here, run, "getter", getter)
+    server, server_checkpoint = _foreign(here, run, "server", tracked(mlflow_server.url))
+    token, token_checkpoint = _foreign(
+        here, run, "token", tracked(f"sqlite:///{here / 'token' / 'mlflow.db'}", tags={"t": "${oc.env:HF_TOKEN,none}"})
+    )
+    online, online_checkpoint = _foreign(
+        here, run, "online", lambda c: c.update(tracker={"wandb": {"project": "runner", "mode": "online"}})
+    )
+    rendezvous, rendezvous_checkpoint = _foreign(
+        here, run, "rendezvous", lambda c: c["trainer"].update(rdzv_endpoint="127.0.0.1:29400")
+    )
+    beacon, beacon_checkpoint = _foreign(here, run, "beacon", lambda c: c.update(notes="https://127.0.0.1:9/b.png"))
+    mlflow_server.wait_ready()
+    before = len(mlflow_server.requests())
+
+    url = mlflow_server.url
+    mine = "model._target_=mylab.Net"  # typed: this user's own code, so that what follows is what is refused
+    someone_else = {"RUNNER_HOME": str(here / "another_users_home"), "HF_TOKEN": "hf_victims_secret_token"}
+    cases = [
+        ([f"resume={got}", mine], got_checkpoint, "names code",
+         "(data.eval.tokenizer.path=pandas.read_pickle, data.eval_transform._args_[0]=os.system)"),
+        ([f"resume={server}", mine], server_checkpoint, "reaches", f"(tracker.mlflow.tracking_uri={url})"),
+        (["eval", str(server), mine], server_checkpoint, "reaches", f"(tracker.mlflow.tracking_uri={url})"),
+        ([f"resume={token}", mine], token_checkpoint, "reaches", "(tracker.mlflow.tags.t uses the resolver oc.env)"),
+        ([f"resume={online}", mine], online_checkpoint, "reaches", "(tracker.wandb.mode=online)"),
+        ([f"resume={rendezvous}", mine], rendezvous_checkpoint, "reaches", "(trainer.rdzv_endpoint=127.0.0.1:29400)"),
+        ([f"resume={beacon}", mine], beacon_checkpoint, "reaches", "(notes=https://127.0.0.1:9/b.png)"),
+    ]  # fmt: skip
+    results = run_cli_refusals([argv for argv, *_ in cases], cwd=here, env=someone_else)
+    for (argv, checkpoint, why, named), result in zip(cases, results, strict=True):
+        last = result["stderr"].strip().splitlines()[-1]
+        assert result["returncode"] == 2 and "Traceback" not in result["stderr"], result["stderr"][-2000:]
+        asked = f"runner eval {argv[1]}" if argv[0] == "eval" else argv[0]
+        assert last.startswith(f"runner: error: {asked}: {checkpoint} was not written by you (it carries no "), last
+        if why == "names code":
+            assert f"names code that your config groups and this command line do not {named}; " in last, last
+        else:
+            assert f"and its config reaches past the folder {named}; " in last, last
+            assert last.endswith(
+                "would read your environment or send the run there, so give each of those keys on this command line "
+                "(the value you want, or null) to accept or replace it."
+            ), last
+    assert not marker.exists()
+    assert mlflow_server.requests()[before:] == []  # not even the reachability check's /health
+
+    # A colleague's finished run on that server, which the folder's trackers.json names.
+    client = mlflow.MlflowClient(mlflow_server.url)
+    colleague = client.create_run(client.create_experiment("colleague")).info.run_id
+    client.set_terminated(colleague)
+    (server / "trackers.json").write_text(
+        json.dumps({"mlflow": {"run_id": colleague, "tracking_uri": mlflow_server.url}})
+    )
+    # Given on the command line, the destination is the user's: the run goes there, as a run of its own.
+    resumed = run_cli(
+        f"resume={server}", mine, f"tracker.mlflow.tracking_uri={mlflow_server.url}", "tracker.mlflow.log_model=false",
+        "trainer.max_steps=6", cwd=here, env=someone_else,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "the trackers start new runs rather than continuing those trackers.json names" in resumed.stdout
+    untouched = client.get_run(colleague)
+    assert (untouched.data.params, untouched.data.metrics, untouched.info.status) == ({}, {}, "FINISHED")
+    (new,) = client.search_runs([client.get_experiment_by_name("runner").experiment_id])
+    assert new.info.run_id != colleague and new.data.params["trainer.max_steps"] == "6"
+    assert new.data.metrics["train/loss"] > 0 and "hf_victims_secret_token" not in json.dumps(new.data.params)
+    assert json.loads((server / "trackers.json").read_text())["mlflow"]["run_id"] == new.info.run_id
+
+
+def test_a_checkpoint_of_yours_changed_after_it_was_saved_is_damaged(own_run, caplog):
+    here, run = own_run
+    edited = here / "edited"
+    shutil.copytree(run, edited)
+    newest, previous = sorted((edited / "checkpoints").iterdir(), key=lambda f: int(f.name.split("_")[1]))[-1:-3:-1]
+    rewrite_manifest(newest, lambda manifest: manifest.update(step=manifest["step"] + 100))  # self-consistent
+    with caplog.at_level(logging.WARNING, logger="runner"):
+        assert find_checkpoint(str(edited)) == (edited.resolve(), previous.resolve())
+    assert caplog.messages == [
+        f"Skipping {newest.name}: signature.json was made with your key ({key_path()}) for other contents of "
+        "config.yaml, overrides.yaml and manifest.json: the checkpoint was changed after it was saved, so it is "
+        "treated as damaged"
+    ]
+    (result,) = run_cli_refusals([[f"resume={newest}"]], cwd=here)
+    assert result["returncode"] == 2 and result["stderr"].strip().splitlines()[-1] == (
+        f"runner: error: resume={newest}: signature.json was made with your key ({key_path()}) for other contents "
+        "of config.yaml, overrides.yaml and manifest.json: the checkpoint was changed after it was saved, so it is "
+        "treated as damaged; resume an earlier checkpoint, or the run folder, which skips it."
+    )
+    (training,) = run_cli_refusals([["eval", str(run), "evaluate_only=false"]], cwd=here)
+    assert training["returncode"] == 2 and training["stderr"].strip() == (
+        "runner: error: runner eval only evaluates, so evaluate_only=false is not an option of it; to train the run "
+        f"further, resume it: runner resume={run}."
+    )

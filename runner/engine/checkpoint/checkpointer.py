@@ -114,6 +114,7 @@ def save_training_state(
     iteration: int | None = None,
     metadata: dict[str, Any] | None = None,
     before_write: Callable[[Path], None] | None = None,
+    after_manifest: Callable[[Path], None] | None = None,
     after_commit: Callable[[], None] | None = None,
     committer: Executor | None = None,
     checksum: str = manifests.DEFAULT_CHECKSUM,
@@ -129,6 +130,8 @@ def save_training_state(
         metadata: Small JSON-able facts (data position, ...) stored in the manifest.
         before_write: Called on every rank with the staging folder before anything is written;
             files it writes there become part of the checkpoint.
+        after_manifest: Called on rank 0 with the staging folder once the manifest is written, before the
+            commit; files it writes there are committed too, unlisted (a signature of the manifest, say).
         after_commit: Called on rank 0 once the checkpoint is committed (rotation, say).
         committer: Write the manifest and commit on this executor (rank 0), and return as soon as
             every rank's files are written and hashed. The folder still appears only once complete.
@@ -164,6 +167,7 @@ def save_training_state(
         "metadata": metadata,
         "checksum": checksum,
         "entries": entries,
+        "after_manifest": after_manifest,
     }
     if background is not None:
         if rank == 0:
@@ -264,6 +268,7 @@ class Checkpointer:
         # OrderedDict, not dict: torch's RemovableHandle keeps a weak reference to it.
         self.save_hooks: OrderedDict[int, Callable] = OrderedDict()
         self.load_hooks: OrderedDict[int, Callable] = OrderedDict()
+        self.commit_hooks: OrderedDict[int, Callable] = OrderedDict()
         self.loaded: Path | None = None
         self._committer: ThreadPoolExecutor | None = None  # rank 0's background commits
         self._pending: Future | None = None  # on rank 0 only
@@ -325,6 +330,10 @@ class Checkpointer:
             for hook in self.save_hooks.values():
                 hook(models, hook_weights, str(staging))
 
+        def run_commit_hooks(staging: Path) -> None:
+            for hook in self.commit_hooks.values():
+                hook(str(staging))
+
         rotate = None
         if project.automatic_checkpoint_naming and project.total_limit is not None:
             rotate = partial(rotate_checkpoints, target.parent, total_limit=project.total_limit, protect=self.loaded)
@@ -337,6 +346,7 @@ class Checkpointer:
             iteration=project.iteration if project.automatic_checkpoint_naming else None,
             metadata={**facts, **(metadata or {})},
             before_write=run_hooks,
+            after_manifest=run_commit_hooks if self.commit_hooks else None,
             after_commit=rotate,
             checksum=project.checksum,
         )

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,14 +109,18 @@ def newest_checkpoint_number(checkpoints_dir: str | os.PathLike) -> int | None:
 
 
 def newest_intact_checkpoint(
-    directory: Path, *, verify_checksums: bool = True
+    directory: Path, *, verify_checksums: bool = True, check: Callable[[Path], None] | None = None
 ) -> tuple[Path | None, list[tuple[Path, CheckpointError]]]:
     """The newest committed checkpoint in ``directory`` whose files match its manifest, and the newer
     damaged ones skipped on the way (each with its error). ``verify_checksums=False``: only the cheap
-    checks of :func:`read_manifest` (the load that follows hashes the files)."""
+    checks of :func:`read_manifest` (the load that follows hashes the files). ``check``: a further test
+    of a checkpoint whose manifest holds, raising CheckpointError for one to skip as damaged."""
     skipped = []
     for checkpoint in reversed(committed_checkpoints(directory)):
         try:
+            if check is not None:  # after the manifest's own checks, which say more; before the hashing
+                read_manifest(checkpoint, verify_checksums=False)
+                check(checkpoint)
             read_manifest(checkpoint, verify_checksums=verify_checksums)
         except CheckpointError as error:
             skipped.append((checkpoint, error))

@@ -41,7 +41,7 @@ import mmap
 import os
 import stat
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
@@ -200,6 +200,7 @@ def write_manifest(
     node_local_ranks: list[int] | None = None,
     checksum: str = DEFAULT_CHECKSUM,
     entries: dict[str, dict[str, Any]] | None = None,
+    after_manifest: Callable[[Path], None] | None = None,
 ) -> None:
     """List every file under ``staging`` (the DCP folders' included) with its slices' digests, then the manifest.
 
@@ -208,6 +209,9 @@ def write_manifest(
         checksum: The slices' digest (a key of :data:`~runner.engine.checkpoint.manifest_schema.CHECKSUMS`).
         entries: What the ranks that wrote some of the files already hashed (:func:`file_entries`);
             every other file is hashed here.
+        after_manifest: Called with ``staging`` once the manifest is written (before the caller syncs and
+            renames it): what it writes there is committed with the checkpoint but not listed in the manifest
+            (a signature of the manifest, say).
     """
     names = [path.relative_to(staging).as_posix() for path in _regular_files(staging)]
     known = {name: entry for name, entry in (entries or {}).items() if name in names}
@@ -228,6 +232,8 @@ def write_manifest(
     manifest = json.loads(json.dumps({**metadata, **own}))  # as it will read back: tuples as lists, str keys
     manifest["digest"] = manifest_digest(manifest)
     write_text_atomically(staging / MANIFEST_NAME, json.dumps(manifest, indent=2))
+    if after_manifest is not None:
+        after_manifest(staging)
 
 
 def _regular_files(staging: Path) -> list[Path]:

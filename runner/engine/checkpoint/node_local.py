@@ -173,14 +173,16 @@ def save_training_state(
     iteration: int | None = None,
     metadata: dict[str, Any] | None = None,
     before_write: Callable[[Path], None] | None = None,
+    after_manifest: Callable[[Path], None] | None = None,
     after_commit: Callable[[], None] | None = None,
     checksum: str = manifests.DEFAULT_CHECKSUM,
 ) -> None:
     """Write and commit this node's copy of ``target``, in the phases of the module docstring.
 
     Every rank calls this with the same arguments, after :func:`check_save`. The arguments are
-    :func:`runner.engine.checkpoint.checkpointer.save_training_state`'s; ``before_write`` runs on every rank and
-    ``after_commit`` on each node's owner once every node has committed.
+    :func:`runner.engine.checkpoint.checkpointer.save_training_state`'s; ``before_write`` runs on every rank,
+    ``after_manifest`` on each node's owner once its manifest is written, and ``after_commit`` on each node's owner
+    once every node has committed.
 
     Raises:
         CheckpointError: A rank failed to write, or an owner to commit (every rank raises the same
@@ -226,6 +228,7 @@ def save_training_state(
         "metadata": metadata,
         "node_local_ranks": list(node.ranks),
         "checksum": checksum,
+        "after_manifest": after_manifest,
     }
     # (a) Every node's manifest is on disk before any node renames.
     fail.if_any(_attempt(lambda: _write_manifest(staging.path, record)) if owns else None)

@@ -119,6 +119,16 @@ class CheckpointVerbs:
         """
         return self._checkpointer.register(self._checkpointer.save_hooks, hook)
 
+    def register_save_state_commit_hook(self, hook: Callable) -> RemovableHandle:
+        """Call ``hook(output_dir)`` where ``save_state`` commits a checkpoint, once its manifest is written.
+
+        It runs on the process that writes the manifest (the main process; under ``save_on_each_node``
+        each node's local main process), before the folder is renamed into place: what it writes
+        there is committed with the checkpoint but is not listed in the manifest, so it may read the
+        manifest (a signature of it, say). Returns a handle whose ``remove()`` unregisters it.
+        """
+        return self._checkpointer.register(self._checkpointer.commit_hooks, hook)
+
     def register_load_state_pre_hook(self, hook: Callable) -> RemovableHandle:
         """Call ``hook(models, input_dir)`` on every process before ``load_state`` reads.
 

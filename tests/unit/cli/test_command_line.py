@@ -86,9 +86,9 @@ def signed_run(tmp_path, monkeypatch):
     def record(models, weights, output_dir):
         OmegaConf.save(OmegaConf.create({"seed": 1, "trainer": {"max_steps": 10}}), f"{output_dir}/config.yaml")
         OmegaConf.save(OmegaConf.create(["trainer.max_steps=10", "tracker=none"]), f"{output_dir}/overrides.yaml")
-        provenance.sign(Path(output_dir))
 
     accelerator.register_save_state_pre_hook(record)
+    accelerator.register_save_state_commit_hook(provenance.sign)  # once the manifest is written, as runs sign
     accelerator.save_state()
     return run
 

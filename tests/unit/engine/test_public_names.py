@@ -134,6 +134,7 @@ ACCELERATOR = [
     "reduce",
     "register_for_checkpointing",
     "register_load_state_pre_hook",
+    "register_save_state_commit_hook",
     "register_save_state_pre_hook",
     "save",
     "save_iteration",

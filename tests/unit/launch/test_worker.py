@@ -12,16 +12,18 @@ from runner.launch.worker import build_accelerator, pin_threads, record_config_i
 from runner.layout import CONFIG_FILE, OVERRIDES_FILE
 
 
-def _save_hook(*, rank: int, local_rank: int, save_on_each_node: bool):
-    hooks = []
+def _save_hooks(*, rank: int, local_rank: int, save_on_each_node: bool):
+    """The hook that writes the config files, and the one that signs them with the manifest."""
+    hooks, commit_hooks = [], []
     accelerator = SimpleNamespace(
         is_main_process=rank == 0,
         is_local_main_process=local_rank == 0,
         project_configuration=ProjectConfiguration(save_on_each_node=save_on_each_node),
         register_save_state_pre_hook=hooks.append,
+        register_save_state_commit_hook=commit_hooks.append,
     )
     record_config_in_checkpoints(accelerator, {"recipe": "x"}, ["trainer.max_steps=2"])
-    return hooks[0]
+    return hooks[0], commit_hooks[0]
 
 
 @pytest.mark.parametrize(
@@ -36,11 +38,16 @@ def _save_hook(*, rank: int, local_rank: int, save_on_each_node: bool):
 def test_the_config_is_written_by_rank_0_or_by_each_node_under_save_on_each_node(
     tmp_path, rank, local_rank, save_on_each_node, writes
 ):
-    _save_hook(rank=rank, local_rank=local_rank, save_on_each_node=save_on_each_node)([], [], str(tmp_path))
+    write, seal = _save_hooks(rank=rank, local_rank=local_rank, save_on_each_node=save_on_each_node)
+    write([], [], str(tmp_path))
     written = {path.name for path in tmp_path.iterdir()}
-    assert written == ({CONFIG_FILE, OVERRIDES_FILE, provenance.SIGNATURE_FILE} if writes else set())
-    if writes:
+    assert written == ({CONFIG_FILE, OVERRIDES_FILE} if writes else set())
+    if writes:  # the commit hook runs where the manifest was written: it signs the files and the manifest
+        (tmp_path / "manifest.json").write_text("{}")
+        seal(str(tmp_path))
         assert provenance.signed_by_you(tmp_path)
+        (tmp_path / "manifest.json").write_text('{"step": 9}')
+        assert provenance.signature_of(tmp_path) == "changed"
 
 
 def _accelerator_arguments(monkeypatch, tmp_path, *overrides: str, drop: tuple[str, ...] = ()) -> dict:
