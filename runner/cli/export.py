@@ -12,7 +12,16 @@ names a transformers config class.
 
 Nothing in the checkpoint runs: tensors are read with safetensors, DCP's metadata with an unpickler that
 builds only DCP's own classes, and the only class built from the run's config is a transformers config class
-(checked to be one). DIR must be new or empty; it is written under a temporary name and renamed into place.
+(checked to be one), from values that reach nothing outside the config: other keys (``${a.b}``) and the
+resolvers that read only the config (a ``${oc.env:...}`` would copy this machine's environment into a
+``config.json`` meant to be shared). A folder someone handed you is data: a symbolic link or a hard link in the
+checkpoint, the run's ``checkpoints/`` or its ``model/`` is refused (export would copy the file it leads to, a
+key in your home, say), and the files copied are opened without following links and checked on the open file.
+
+DIR must be new or empty, and outside the run's ``checkpoints/`` and ``model/``. It is written into a new folder
+of an unpredictable name beside it (``.DIR.partial-<host>-<pid>-<random>``), renamed into place once whole.
+That folder is removed on any failure, and on SIGTERM or SIGINT (exit codes 143 and 130); one that a killed
+export (SIGKILL) left behind is removed by the next export into the same folder on the same machine.
 
 ``--merge-lora``: for a run whose model is ``runner.models.with_peft`` (LoRA adapters on a base model), the
 model is rebuilt from the run's config (so resume's trust rules hold: ``--trust-resume`` for a run someone else
@@ -26,18 +35,27 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+from runner.cli.export_files import (
+    ExportError,
+    ExportStopped,
+    _check_own_files,
+    _check_plain_values,
+    _commit,
+    _new_staging,
+    _read_own_files,
+    _run_folder,
+    _StopSignals,
+)
+
 USAGE_ERROR = 2
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 HF_FILES = ("config.json", "generation_config.json")
-
-
-class ExportError(Exception):
-    """One sentence: what is wrong with the command line or the folder, and what to do."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,6 +92,9 @@ def main(argv: list[str]) -> int:
     except ExportError as error:
         print(f"runner export: error: {error}", file=sys.stderr)
         return USAGE_ERROR
+    except ExportStopped as stopped:
+        print(f"runner export: error: {stopped}", file=sys.stderr)
+        return stopped.exit_code
     print(summary)
     return 0
 
@@ -91,13 +112,10 @@ def export(
     """Export the model of the checkpoint ``folder`` names into the new folder ``to``; returns what was written.
 
     Raises:
-        ExportError: One sentence naming the folder or option and the fix; nothing is written.
+        ExportError: One sentence naming the folder, file or option and the fix; nothing is written.
+        ExportStopped: SIGTERM or SIGINT arrived (when called on the main thread); nothing is written.
     """
-    import torch
-
-    from runner.engine.checkpoint.manifest import CheckpointError
-    from runner.engine.checkpoint.model_weights import checkpoint_model_state, find_checkpoint
-    from runner.engine.checkpoint.serialization import parse_size, save_model_files
+    from runner.engine.checkpoint.serialization import parse_size
 
     destination = _destination(Path(to))
     try:
@@ -106,10 +124,47 @@ def export(
         raise ExportError(
             f"--max-shard-size {max_shard_size} is not a size; write it like 10GB, 500MiB or 1000000."
         ) from None
+    with _StopSignals(destination) as stop:
+        checkpoint, manifest, state, merged = _model_to_export(
+            folder, destination, model_index=model_index, merge_lora=merge_lora, trust=trust, dtype=dtype
+        )
+        staging = _new_staging(destination)
+        try:
+            written = _write_export(
+                staging, state, destination=destination, checkpoint=checkpoint, merged=merged,
+                model_index=model_index, dtype=dtype, max_shard_size=max_shard_size,
+            )  # fmt: skip
+            stop.stoppable = False  # from the rename on, the export is whole or fails by itself
+            _commit(staging, destination)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    files = sorted(path.name for path in written)
+    size = sum((destination / name).stat().st_size for name in files)
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in state.values()})
+    step = manifest.get("step")
+    return (
+        f"Exported {checkpoint}{'' if step is None else f' (step {step})'} to {destination}: {', '.join(files)} "
+        f"({len(state)} tensors, {'/'.join(dtypes)}, {_size(size)})."
+    )
+
+
+def _model_to_export(
+    folder: str | os.PathLike, destination: Path, *, model_index: int, merge_lora: bool, trust: bool,
+    dtype: str | None,
+) -> tuple[Path, dict[str, Any], dict[str, Any], Any]:  # fmt: skip
+    """The checkpoint ``folder`` names, its manifest, the state dict to write and the merged model (or None)."""
+    import torch
+
+    from runner.engine.checkpoint.manifest import CheckpointError
+    from runner.engine.checkpoint.model_weights import checkpoint_model_state, find_checkpoint
+
     try:
         checkpoint, manifest = find_checkpoint(folder)
     except CheckpointError as error:
         raise ExportError(str(error)) from None
+    _check_outside_run(destination, checkpoint)
+    _check_own_files(checkpoint)
     try:
         state = checkpoint_model_state(checkpoint, manifest, model_index)
     except CheckpointError as error:
@@ -121,49 +176,103 @@ def export(
     if dtype is not None:
         target = getattr(torch, DTYPES[dtype])
         state = {name: t.to(target) if t.is_floating_point() else t for name, t in state.items()}
-    staging = destination.with_name(f".{destination.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
+    return checkpoint, manifest, state, merged
+
+
+def _write_export(
+    staging: Path, state: dict[str, Any], *, destination: Path, checkpoint: Path, merged, model_index: int,
+    dtype: str | None, max_shard_size: int | str,
+) -> list[Path]:  # fmt: skip
+    """The weights, and a transformers model's config.json, in ``staging``; returns the files written."""
+    from runner.engine.checkpoint.serialization import save_model_files
+
     try:
         written = save_model_files(state, staging, max_shard_size=max_shard_size)
         if merged is not None:
-            written += _merged_config(merged, staging, dtype)
-        elif model_index == 0:  # the run's config.json, or its model node, describe its one declared model
-            written += _hugging_face_files(checkpoint, staging, state, dtype)
-        if destination.is_dir():
-            destination.rmdir()  # empty, as _destination checked
-        staging.rename(destination)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    files = sorted(path.name for path in written)
-    size = sum((destination / name).stat().st_size for name in files)
-    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in state.values()})
-    step = manifest.get("step")
-    return (
-        f"Exported {checkpoint}{'' if step is None else f' (step {step})'} to {destination}: {', '.join(files)} "
-        f"({len(state)} tensors, {'/'.join(dtypes)}, {_size(size)})."
-    )
+            return written + _merged_config(merged, staging, dtype)
+        if model_index == 0:  # the run's config.json, or its model node, describe its one declared model
+            return written + _hugging_face_files(checkpoint, staging, state, dtype)
+        return written
+    except OSError as error:  # a full disk, say: what was written is removed
+        raise ExportError(
+            f"--to {destination}: writing the export failed ({error.strerror or error}); free some space or give a "
+            "folder on another disk (nothing was written)."
+        ) from None
 
 
+def _size(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
+
+
+# ------------------------------------------------------------------------------------------------ where --to may be
+def _destination(to: Path) -> Path:
+    to = to.expanduser().absolute()
+    if to.is_symlink() or (to.exists() and not to.is_dir()):
+        raise ExportError(f"--to {to} is a file; give a new or empty folder.")
+    if to.is_dir() and any(to.iterdir()):
+        raise ExportError(f"--to {to} already holds files; give a new or empty folder (nothing was written).")
+    if not to.parent.is_dir():
+        raise ExportError(f"--to {to}: its parent folder {to.parent} does not exist; create it first.")
+    return to
+
+
+def _check_outside_run(destination: Path, checkpoint: Path) -> None:
+    """Refuse a ``--to`` inside the run's checkpoints or model folder (or inside the checkpoint exported): the run's
+    saves, rotation and resume own those, and would take the export for one of theirs, or it them."""
+    from runner.layout import MODEL_DIR
+
+    run = _run_folder(checkpoint)
+    protected = [(checkpoint, "the checkpoint being exported")]
+    if run is not None:
+        protected = [(checkpoint.parent, "the run's checkpoints folder"), (run / MODEL_DIR, "the run's model folder")]
+    for folder, what in protected:
+        if destination.resolve().is_relative_to(folder.resolve()):
+            raise ExportError(
+                f"--to {destination} is inside {what} {folder}; export outside {what}, beside the run say."
+            )
+
+
+def _run_config(checkpoint: Path):
+    """The run's config saved in ``checkpoint`` (unresolved; read as :func:`_read_own_files` reads), None without."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from runner.layout import CONFIG_FILE
+
+    content = _read_own_files(checkpoint, [CONFIG_FILE]).get(CONFIG_FILE)
+    if content is None:
+        return None
+    try:
+        config = OmegaConf.create(content.decode())
+    except Exception:  # not YAML, or not text: OmegaConf and yaml raise several types
+        config = None
+    if not isinstance(config, DictConfig):
+        raise ExportError(
+            f"{checkpoint / CONFIG_FILE} is not a config; the checkpoint is damaged, so export another one."
+        )
+    return config
+
+
+# ------------------------------------------------------------------------- the model and config.json, from the run
 def _merged_model(checkpoint: Path, state: dict[str, Any], folder, trust: bool):
     """The run's ``runner.models.with_peft`` model with the checkpoint's weights, its adapters merged into the base
     layers (``merge_and_unload``). The base model node is built as the run declared it; a ``from_run`` around it
     is not followed (the checkpoint holds every weight)."""
     from omegaconf import OmegaConf
 
-    from runner.components import build
     from runner.config import ConfigError
     from runner.layout import CONFIG_FILE
     from runner.models.adapters import with_peft
     from runner.provenance import check_resumable
 
-    if not (checkpoint / CONFIG_FILE).is_file():
+    config = _run_config(checkpoint)
+    if config is None:
         raise ExportError(
             f"--merge-lora: {checkpoint} has no {CONFIG_FILE}, so its model cannot be rebuilt; export it without "
             "--merge-lora."
         )
-    node = OmegaConf.load(checkpoint / CONFIG_FILE).get("model")
-    target = OmegaConf.select(node, "_target_") if OmegaConf.is_dict(node) else None
+    raw = OmegaConf.to_container(config, resolve=False)
+    node = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    target = node.get("_target_")
     if target != "runner.models.with_peft":
         raise ExportError(
             f"--merge-lora: the model of {folder} is {target}, not runner.models.with_peft, so it has no adapters to "
@@ -174,14 +283,34 @@ def _merged_model(checkpoint: Path, state: dict[str, Any], folder, trust: bool):
             checkpoint, path=str(folder), overrides=["trust_resume=true"] if trust else [], search_path=[],
             command="export",
         )  # fmt: skip
-        base = node.model
-        if OmegaConf.select(base, "_target_") == "runner.models.from_run":
-            base = base.model
-        model = with_peft(build(base, key="model.model"), build(node.config, key="model.config"))
+        plain = "give {key} a plain value in the run's config"
+        _check_plain_values(config, raw, key="model", config_file=checkpoint / CONFIG_FILE, fix=plain)
+        base = "model.model"
+        if isinstance(node.get("model"), dict) and node["model"].get("_target_") == "runner.models.from_run":
+            base = "model.model.model"
+        adapters = _build(OmegaConf.select(config, "model.config"), key="model.config")
+        model = with_peft(_build(OmegaConf.select(config, base), key=base), adapters)
         model.load_state_dict(state, strict=True)
     except (ConfigError, ValueError, RuntimeError) as error:  # a refusal, or weights of another model
         raise ExportError(f"--merge-lora: {str(error).splitlines()[0]}") from None
     return model.merge_and_unload()
+
+
+def _build(node, *, key: str):
+    """:func:`runner.components.build`, with a ``_target_`` that does not import as one sentence naming it."""
+    from runner.components import build
+
+    try:
+        return build(node, key=key)
+    except ImportError as error:  # Hydra's: "Error loading 'pkg.Name':\nModuleNotFoundError(...)\n..."
+        named = re.match(r"Error loading '([^']+)'", str(error))
+        missing = re.search(r"No module named '[^']+'", str(error))
+        target = named.group(1) if named else node.get("_target_")
+        reason = missing.group(0) if missing else str(error).splitlines()[0]
+        raise ExportError(
+            f"--merge-lora: {key} names {target}, which does not import here ({reason}); install the package that "
+            "provides it, then export again."
+        ) from None
 
 
 def _merged_config(model, to: Path, dtype: str | None) -> list[Path]:
@@ -196,52 +325,49 @@ def _merged_config(model, to: Path, dtype: str | None) -> list[Path]:
     return written
 
 
-def _size(size: int) -> str:
-    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
-
-
-def _destination(to: Path) -> Path:
-    to = to.expanduser().absolute()
-    if to.is_symlink() or (to.exists() and not to.is_dir()):
-        raise ExportError(f"--to {to} is a file; give a new or empty folder.")
-    if to.is_dir() and any(to.iterdir()):
-        raise ExportError(f"--to {to} already holds files; give a new or empty folder (nothing was written).")
-    if not to.parent.is_dir():
-        raise ExportError(f"--to {to}: its parent folder {to.parent} does not exist; create it first.")
-    return to
-
-
 def _hugging_face_files(checkpoint: Path, to: Path, state: dict[str, Any], dtype: str | None) -> list[Path]:
     """A transformers model's config.json (and generation_config.json) in ``to``; [] for any other model."""
     from runner.layout import CONFIG_FILE, MODEL_DIR
 
-    final = checkpoint.parent.parent / MODEL_DIR  # the run's final model folder, when the run finished
-    if checkpoint.parent.name == "checkpoints" and (final / HF_FILES[0]).is_file():
-        written = []
-        for name in HF_FILES:
-            if (final / name).is_file():
-                text = (final / name).read_text()
-                if name == HF_FILES[0] and dtype is not None:
-                    config = json.loads(text)
-                    config["dtype"] = DTYPES[dtype]
-                    config.pop("torch_dtype", None)
-                    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-                (to / name).write_text(text)
-                written.append(to / name)
-        return written
-    if (checkpoint / CONFIG_FILE).is_file():
-        return _built_config(checkpoint / CONFIG_FILE, to, state, dtype)
-    return []
+    run = _run_folder(checkpoint)
+    final = _read_own_files(run / MODEL_DIR, HF_FILES) if run is not None else {}  # when the run finished
+    if HF_FILES[0] in final:
+        return [_copied(run / MODEL_DIR / name, content, to=to, dtype=dtype) for name, content in final.items()]
+    config = _run_config(checkpoint)
+    if config is None:
+        return []
+    return _built_config(config, config_file=checkpoint / CONFIG_FILE, to=to, state=state, dtype=dtype)
 
 
-def _built_config(config_file: Path, to: Path, state: dict[str, Any], dtype: str | None) -> list[Path]:
+def _copied(source: Path, content: bytes, *, to: Path, dtype: str | None) -> Path:
+    """``source``'s ``content`` written under its name in ``to``; config.json's dtype set to ``dtype`` if given."""
+    if source.name == HF_FILES[0] and dtype is not None:
+        try:
+            config = json.loads(content)
+        except ValueError:  # not JSON, or not UTF-8
+            config = None
+        if not isinstance(config, dict):
+            raise ExportError(
+                f"{source} is not a JSON object; the run's model folder is damaged, so export without --dtype or "
+                "write a valid config.json there."
+            )
+        config["dtype"] = DTYPES[dtype]
+        config.pop("torch_dtype", None)
+        content = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()
+    (to / source.name).write_bytes(content)
+    return to / source.name
+
+
+def _built_config(config, *, config_file: Path, to: Path, state: dict[str, Any], dtype: str | None) -> list[Path]:
     """config.json from the run's ``model`` node, for ``_target_: transformers.<Model>`` with a ``config`` node
-    naming ``transformers.<Config>``: the only class built is that config class, checked to be one."""
+    naming ``transformers.<Config>``: the only class built is that config class, checked to be one, from values
+    that read nothing outside the config (:func:`_check_plain_values`)."""
     from omegaconf import OmegaConf
 
-    model = OmegaConf.select(OmegaConf.load(config_file), "model")
-    node = model.get("config") if OmegaConf.is_dict(model) else None
-    if not OmegaConf.is_dict(node):
+    raw = OmegaConf.to_container(config, resolve=False)
+    model = raw.get("model")
+    node = model.get("config") if isinstance(model, dict) else None
+    if not isinstance(node, dict):
         return []
     model_class, config_class = (_transformers_class(n.get("_target_")) for n in (model, node))
     if model_class is None or config_class is None:
@@ -252,15 +378,26 @@ def _built_config(config_file: Path, to: Path, state: dict[str, Any], dtype: str
         return []
     if not issubclass(config_class, transformers.PretrainedConfig):
         return []
-    values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k != "_target_"}
-    config = config_class(**values)
-    config.architectures = [model_class.__name__]
+    finished = "export the run once it has finished (its model/config.json is copied as is)"
+    _check_plain_values(
+        config, raw, key="model.config", config_file=config_file, fix=f"{finished}, or give {{key}} a plain value"
+    )
+    try:
+        values = OmegaConf.to_container(OmegaConf.select(config, "model.config"), resolve=True)
+        values.pop("_target_", None)
+        built = config_class(**values)
+    except Exception as error:  # OmegaConf raises several types, and a config class any for a value it rejects
+        raise ExportError(
+            f"{config_file}: model.config does not make a {config_class.__name__} ({str(error).splitlines()[0]}); the "
+            "checkpoint's config is damaged, so export another checkpoint."
+        ) from None
+    built.architectures = [model_class.__name__]
     floating = next((t.dtype for t in state.values() if t.is_floating_point()), None)
-    config.dtype = DTYPES[dtype] if dtype is not None else str(floating).removeprefix("torch.")
-    config.save_pretrained(to)
+    built.dtype = DTYPES[dtype] if dtype is not None else str(floating).removeprefix("torch.")
+    built.save_pretrained(to)
     written = [to / HF_FILES[0]]
     if model_class.can_generate():
-        transformers.GenerationConfig.from_model_config(config).save_pretrained(to)
+        transformers.GenerationConfig.from_model_config(built).save_pretrained(to)
         written.append(to / HF_FILES[1])
     return written
 
