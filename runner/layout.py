@@ -87,3 +87,16 @@ def check_no_links(folder: Path) -> None:
                     raise link_error(Path(entry.path))
                 if entry.is_dir(follow_symlinks=False) and Path(entry.path) != wandb:
                     pending.append(Path(entry.path))
+
+
+def resumed_run_folder(resume: str) -> Path:
+    """The run folder ``resume=`` names, from the path as written: a run folder, or its ``checkpoints/<name>``."""
+    from runner.engine.constants import CHECKPOINTS_DIR
+
+    path = as_written(resume)
+    return path.parent.parent if path.parent.name == CHECKPOINTS_DIR else path
+
+
+def as_written(folder: str) -> Path:
+    """``folder`` made absolute without following links (``..`` is taken as written, too)."""
+    return Path(os.path.normpath(Path(folder).expanduser().absolute()))

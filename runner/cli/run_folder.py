@@ -28,7 +28,8 @@ from pathlib import Path
 
 from runner import overrides as parsed
 from runner.config import CONF_DIR, CONFIG_NAME, ConfigError
-from runner.layout import check_no_links
+from runner.layout import as_written as _as_written
+from runner.layout import check_no_links, resumed_run_folder
 
 # Keys that name a folder a run (or each job of a sweep) writes into.
 FOLDER_KEYS = ("hydra.run.dir", "project.project_dir", "hydra.sweep.dir")
@@ -53,19 +54,6 @@ def check_run_folders(overrides: list[str]) -> None:
 def _is_path(value: str | None) -> bool:
     """Whether an override's value names a folder here (not unset, and no interpolation only Hydra resolves)."""
     return value not in (None, "", "null") and "${" not in value
-
-
-def resumed_run_folder(resume: str) -> Path:
-    """The run folder ``resume=`` names, from the path as written: a run folder, or its ``checkpoints/<name>``."""
-    from runner.engine.constants import CHECKPOINTS_DIR
-
-    path = _as_written(resume)
-    return path.parent.parent if path.parent.name == CHECKPOINTS_DIR else path
-
-
-def _as_written(folder: str) -> Path:
-    """``folder`` made absolute without following links (``..`` is taken as written, too)."""
-    return Path(os.path.normpath(Path(folder).expanduser().absolute()))
 
 
 def claim_default_run_folder(args) -> Path | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -54,7 +55,18 @@ class CharVocab:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> CharVocab:
-        return cls(json.loads(Path(path).read_text(encoding="utf-8"))["chars"])
+        """The vocabulary :meth:`save` wrote to ``path``.
+
+        Raises:
+            DataFileError: The file is not ``{"chars": [...]}`` of distinct single characters (one sentence naming it).
+        """
+        try:
+            return cls(_vocab_chars(_vocab_json(Path(path))))
+        except _NotAVocabulary as problem:
+            raise DataFileError(
+                f"{path} is not a character vocabulary ({problem}); it is damaged, so use another checkpoint of the "
+                "run."
+            ) from None
 
     def save(self, path: str | os.PathLike) -> None:
         """Write ``{"chars": [...]}`` as JSON, atomically."""
@@ -84,6 +96,60 @@ class CharVocab:
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
         return "".join(self.chars[i] for i in ids)
+
+
+# Every code point, each as a 12-character JSON escape and its separator: a larger file is no vocabulary.
+MAX_VOCAB_BYTES = 0x110000 * 16
+
+
+class _NotAVocabulary(ValueError):
+    """What makes a file no vocabulary, in a few words."""
+
+
+def _vocab_json(path: Path) -> object:
+    """The JSON value ``path`` holds, read without waiting on a pipe and without reading more than a vocabulary."""
+    try:  # O_NONBLOCK: a pipe planted under the name does not hang the open; it is refused below
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as error:
+        raise _NotAVocabulary(f"it cannot be read: {error.strerror}") from None
+    with os.fdopen(descriptor, "rb") as file:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode):
+            raise _NotAVocabulary("it is not a regular file")
+        if info.st_size > MAX_VOCAB_BYTES:
+            raise _NotAVocabulary(f"it holds {info.st_size} bytes, more than any vocabulary")
+        data = file.read(MAX_VOCAB_BYTES + 1)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise _NotAVocabulary(f"it is not UTF-8 text: {error.reason} at byte {error.start}") from None
+    except ValueError as error:
+        raise _NotAVocabulary(f"it is not JSON: {error}") from None
+    except RecursionError:
+        raise _NotAVocabulary("it is JSON nested deeper than the parser goes") from None
+
+
+def _vocab_chars(content: object) -> list[str]:
+    """The ``chars`` of a vocabulary file's JSON, checked: distinct single characters, at least one."""
+    chars = content.get("chars") if isinstance(content, dict) else None
+    if chars is None:
+        raise _NotAVocabulary('it holds no "chars" list')
+    if not isinstance(chars, list) or not chars:
+        raise _NotAVocabulary('"chars" is empty' if chars == [] else f'"chars" is {type(chars).__name__}, not a list')
+    first: dict[str, int] = {}
+    for index, char in enumerate(chars):
+        where = f'"chars"[{index}]'
+        if not isinstance(char, str):
+            raise _NotAVocabulary(f"{where} is {type(char).__name__}, not a character")
+        if len(char) != 1:
+            shown = repr(char) if len(char) <= 12 else f"{char[:12]!r}..."
+            raise _NotAVocabulary(f"{where} is {shown}, {len(char)} characters, not one")
+        if "\ud800" <= char <= "\udfff":  # half of a UTF-16 pair: no text holds it, and no terminal can show it
+            raise _NotAVocabulary(f"{where} is {char!r}, half of a UTF-16 surrogate pair, not a character")
+        if char in first:
+            raise _NotAVocabulary(f'{where} is {char!r} again (it is "chars"[{first[char]}] too)')
+        first[char] = index
+    return chars
 
 
 def read_corpus(path: str | os.PathLike) -> str:

@@ -11,6 +11,12 @@ The model is built as its node says, then takes the weights ``source`` holds: a 
 ``model/`` (an unfinished run's newest intact checkpoint), any checkpoint (one process, DDP, FSDP or tensor
 parallel shards), or a weights folder (``runner export``'s, ``save_model``'s, a Hugging Face model's
 ``model.safetensors``). The folder's own config is never read: the code that runs is the model node here.
+
+The folder is data from whoever wrote it. A symbolic link in it (or in the run a ``checkpoints/<name>`` or
+``model/`` belongs to) is refused, and so is a weights file with other names (a hard link): either would read a
+file that is not the run's. A Hugging Face cache snapshot, whose files are links to its blobs, is copied first
+(``cp -rL``). The names and shapes in the files' headers are compared with the model before any tensor is read,
+and only the tensors the model takes are read.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import torch
 from torch import nn
 
 from runner.engine.checkpoint.manifest import CheckpointError
-from runner.engine.checkpoint.model_weights import read_model_weights
+from runner.engine.checkpoint.model_weights import ModelWeights, find_model_weights
 
 
 def from_run(source: str | os.PathLike, model: nn.Module, strict: bool = True, **given) -> nn.Module:
@@ -51,18 +57,65 @@ def from_run(source: str | os.PathLike, model: nn.Module, strict: bool = True, *
                 f"{folder} does not exist; pass a run folder or a checkpoint folder (checkpoints/checkpoint_N)."
             )
         return model
-    try:
-        weights, folder = read_model_weights(source)
-    except CheckpointError as error:
-        raise ValueError(str(error)) from None
+    weights = _found_weights(source)
     expected = dict(model.state_dict(keep_vars=True))
     tied = _tied_names(model)
-    missing = [name for name in expected if name not in weights and not any(n in weights for n in tied.get(name, ()))]
-    unexpected = [name for name in weights if name not in expected]
+    _check_fits(model, weights, expected=expected, tied=tied, strict=strict)
+    try:  # only what the model takes: a tensor it does not (strict=False) is never read
+        tensors = weights.read([name for name in weights.shapes if name in expected])
+    except CheckpointError as error:
+        raise ValueError(str(error)) from None
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            if name in expected:
+                expected[name].copy_(tensor)
+        for name, names in tied.items():  # a tied weight present under one name only: the others share it
+            if name not in tensors and (other := next((n for n in names if n in tensors), None)) is not None:
+                expected[name].copy_(tensors[other])
+    return model
+
+
+def _found_weights(source: str | os.PathLike) -> ModelWeights:
+    """The weights ``source`` holds, their headers read, once no link is found where they are."""
+    from runner.config import ConfigError
+    from runner.layout import check_no_links
+
+    path = Path(source).expanduser().absolute()
+    try:
+        check_no_links(_folder_to_check(path))
+        return find_model_weights(path)
+    except (ConfigError, CheckpointError) as error:
+        raise ValueError(str(error)) from None
+
+
+def _folder_to_check(path: Path) -> Path:
+    """The folder walked for links: the run a ``checkpoints/<name>`` or ``model/`` belongs to (either may be the
+    link), else ``path`` itself, which the user named (it and the folders above it may be links)."""
+    from runner.engine.constants import CHECKPOINTS_DIR
+    from runner.layout import MODEL_DIR, resumed_run_folder
+
+    folder = resumed_run_folder(str(path))
+    if folder.name == MODEL_DIR and (folder.parent / CHECKPOINTS_DIR).is_dir():
+        return folder.parent
+    return folder
+
+
+def _check_fits(
+    model: nn.Module,
+    weights: ModelWeights,
+    *,
+    expected: dict[str, torch.Tensor],
+    tied: dict[str, tuple[str, ...]],
+    strict: bool,
+) -> None:
+    """Refuse weights of other names or shapes, from the files' headers: before any tensor is read."""
+    shapes = weights.shapes
+    missing = [name for name in expected if name not in shapes and not any(n in shapes for n in tied.get(name, ()))]
+    unexpected = [name for name in shapes if name not in expected]
     mismatched = [
-        f"{name} {tuple(weights[name].shape)} for {tuple(expected[name].shape)}"
-        for name in weights
-        if name in expected and weights[name].shape != expected[name].shape
+        f"{name} {shapes[name]} for {tuple(expected[name].shape)}"
+        for name in shapes
+        if name in expected and shapes[name] != tuple(expected[name].shape)
     ]
     if mismatched or (strict and (missing or unexpected)):
         found = "; ".join(
@@ -71,17 +124,9 @@ def from_run(source: str | os.PathLike, model: nn.Module, strict: bool = True, *
             if names
         )
         raise ValueError(
-            f"The weights in {folder} are not {type(model).__name__}'s ({found}); point model.source at a run of this "
-            "model, or build the model its weights were saved from."
+            f"The weights in {weights.folder} are not {type(model).__name__}'s ({found}); point model.source at a run "
+            "of this model, or build the model its weights were saved from."
         )
-    with torch.no_grad():
-        for name, tensor in weights.items():
-            if name in expected:
-                expected[name].copy_(tensor)
-        for name, names in tied.items():  # a tied weight present under one name only: the others share it
-            if name not in weights and (other := next((n for n in names if n in weights), None)) is not None:
-                expected[name].copy_(weights[other])
-    return model
 
 
 def check_given(model: nn.Module, given: dict) -> None:

@@ -2,8 +2,10 @@
 
 safetensors refuses tensors that share memory (tied embeddings, for one). We store each shared
 tensor once and record the other names as aliases in the file's metadata, so a state dict
-round-trips exactly. Nothing here unpickles arbitrary objects: ``.bin`` files are read with
-``torch.load(weights_only=True)`` (and written through :mod:`runner.engine.checkpoint.torch_files`).
+round-trips exactly. Read back, the aliases are data from whoever wrote the file: anything but a JSON
+object mapping names the file lacks to tensors it holds is one CheckpointError sentence. Nothing here
+unpickles arbitrary objects: ``.bin`` files are read with ``torch.load(weights_only=True)`` (and written
+through :mod:`runner.engine.checkpoint.torch_files`).
 
 The writers fail with the OSError behind a failed write (a full disk, say): safetensors reports it
 inside a ``SafetensorError``, which would hide it from the callers that turn it into one sentence.
@@ -21,7 +23,7 @@ import os
 import re
 import stat
 import struct
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import torch
@@ -29,6 +31,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.checkpoint.torch_files import torch_save
 from runner.engine.constants import (
     SAFE_WEIGHTS_INDEX_NAME,
@@ -134,14 +137,63 @@ def _sort_metadata(path: str | os.PathLike) -> None:
         file.write(rewritten.ljust(length, b" "))
 
 
-def load_safetensors(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """Read a safetensors file written by :func:`save_safetensors` (or by anyone else)."""
+def load_safetensors(
+    path: str | os.PathLike, device: str | torch.device = "cpu", *, names: Collection[str] | None = None
+) -> dict[str, torch.Tensor]:
+    """Read a safetensors file written by :func:`save_safetensors` (or by anyone else): every tensor, or only those
+    ``names`` asks for (an alias brings the tensor it names); no other tensor's bytes are read.
+
+    Raises:
+        CheckpointError: The file's ``aliases`` metadata is not a JSON object naming tensors the file holds.
+    """
     with safe_open(str(path), framework="pt", device=str(device)) as f:
-        state_dict = {name: f.get_tensor(name) for name in f.keys()}
-        aliases = json.loads((f.metadata() or {}).get(_ALIASES_KEY, "{}"))
+        stored = list(f.keys())
+        aliases = _aliases(path, f.metadata(), stored)
+        wanted = set(stored) if names is None else {aliases.get(name, name) for name in names}
+        state_dict = {name: f.get_tensor(name) for name in stored if name in wanted}
     for name, target in aliases.items():
-        state_dict[name] = state_dict[target]
+        if target in state_dict and (names is None or name in names):
+            state_dict[name] = state_dict[target]
     return state_dict
+
+
+def safetensors_shapes(path: str | os.PathLike) -> dict[str, tuple[int, ...]]:
+    """Each tensor's name and shape in a safetensors file, its aliases included, from the header alone: no tensor's
+    bytes are read, so a file that declares more than memory holds costs nothing to look at.
+
+    Raises:
+        CheckpointError: The file's ``aliases`` metadata is not a JSON object naming tensors the file holds.
+    """
+    with safe_open(str(path), framework="pt") as f:
+        shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+        aliases = _aliases(path, f.metadata(), list(shapes))
+    return {**shapes, **{name: shapes[target] for name, target in aliases.items()}}
+
+
+def _aliases(path: str | os.PathLike, metadata: dict[str, str] | None, stored: list[str]) -> dict[str, str]:
+    """The file's aliases (name -> stored name), each checked: the metadata is data from whoever wrote the file."""
+    try:
+        aliases = json.loads((metadata or {}).get(_ALIASES_KEY, "{}"))
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
+        aliases = None
+    if not isinstance(aliases, dict) or not all(isinstance(v, str) for v in aliases.values()):
+        raise CheckpointError(
+            f"{path}: its {_ALIASES_KEY} metadata is not a JSON object of tensor names (name -> stored name); the file "
+            "is damaged, so write it again or load a different one."
+        )
+    known = set(stored)
+    for name, target in aliases.items():
+        if name in known:
+            wrong = f"maps {name!r}, a tensor the file holds itself, to {target!r}"
+        elif target not in known:
+            wrong = f"maps {name!r} to {target!r}, a tensor the file does not hold"
+        else:
+            continue
+        raise CheckpointError(
+            f"{path}: its {_ALIASES_KEY} metadata {wrong}; the file is damaged, so write it again or load a different "
+            "one."
+        )
+    return aliases
 
 
 def _shard(state_dict: Mapping[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:

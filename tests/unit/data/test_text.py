@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import random
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from torch.utils.data import DataLoader, RandomSampler
 import runner.data
 from runner.data import text_files
 from runner.data.download import DataFileError, DownloadError
-from runner.data.text import CharVocab, CharWindows, build_char_dataset, split_tokens
+from runner.data.text import MAX_VOCAB_BYTES, CharVocab, CharWindows, build_char_dataset, split_tokens
 from runner.engine.data import DataLoaderConfiguration
 from runner.engine.data.loaders import prepare_data_loader
 from runner.engine.optimizer import GradientAccumulationPlugin, GradientState
@@ -50,6 +51,26 @@ def test_vocabularies_beyond_a_byte_and_beyond_ascii(tmp_path):
     assert CharVocab.load(tmp_path / "vocab.json").decode(ids) == text
     small = CharVocab.from_text("ñé\n")
     assert small.decode(small.encode("ñ\né")) == "ñ\né"  # non-ASCII, but one byte per id
+
+
+def test_a_vocabulary_file_that_is_not_one_is_one_sentence_naming_it(tmp_path):
+    # The shapes of JSON a vocabulary cannot have: tests/unit/cli/test_generate.py, through runner generate.
+    os.mkfifo(tmp_path / "piped.json")  # reading it would wait forever
+    with open(tmp_path / "large.json", "wb") as file:
+        file.truncate(MAX_VOCAB_BYTES + 1)  # a hole: never read
+    (tmp_path / "valid.json").write_text('{"chars": ["a", "b"], "note": "other keys are left alone"}')
+    for name, problem in [
+        ("piped.json", "it is not a regular file"),
+        ("large.json", f"it holds {MAX_VOCAB_BYTES + 1} bytes, more than any vocabulary"),
+        ("missing.json", "it cannot be read: No such file or directory"),
+    ]:
+        with pytest.raises(DataFileError) as refused:
+            CharVocab.load(tmp_path / name)
+        assert str(refused.value) == (
+            f"{tmp_path / name} is not a character vocabulary ({problem}); it is damaged, so use another checkpoint "
+            "of the run."
+        )
+    assert CharVocab.load(tmp_path / "valid.json") == CharVocab(["a", "b"])
 
 
 def test_an_unknown_character_is_named():

@@ -2,11 +2,17 @@
 sentence says why not. (A Hugging Face run fine-tuned from another, end to end: tests/e2e/test_hugging_face.py.)"""
 
 import json
+import math
 import os
+import resource
+import shutil
+import struct
+import time
 
 import pytest
 import torch
 from hydra.utils import instantiate
+from safetensors.torch import save_file
 from torch import nn
 
 from runner.engine import Accelerator, ProjectConfiguration
@@ -37,9 +43,17 @@ def test_weights_come_from_a_weights_folder_a_finished_runs_model_or_an_unfinish
     save_model_files(source.state_dict(), tmp_path / "exported")  # the tied head stored once
     loaded = from_run(tmp_path / "exported", Tied())
     assert same(loaded, source) and loaded.head.weight is loaded.embed.weight
-    (tmp_path / "cached").mkdir()  # Hugging Face's cache: the snapshot's files are links to its blobs
+    (tmp_path / "cached").mkdir()  # Hugging Face's cache: the snapshot's files are links to its blobs, copied first
     (tmp_path / "cached" / "model.safetensors").symlink_to(tmp_path / "exported" / "model.safetensors")
-    assert same(from_run(tmp_path / "cached", Tied()), source)
+    with pytest.raises(ValueError) as refused:
+        from_run(tmp_path / "cached", Tied())
+    cached, blob = tmp_path / "cached" / "model.safetensors", tmp_path / "exported" / "model.safetensors"
+    assert str(refused.value) == (
+        f"{cached} is a symbolic link (to {blob}); a run folder holds no links, so remove it or copy the run with "
+        "links resolved (cp -rL)."
+    )
+    shutil.copytree(tmp_path / "cached", tmp_path / "copied")  # cp -rL: the links' files, copied
+    assert same(from_run(tmp_path / "copied", Tied()), source)
 
     run = tmp_path / "run"  # an unfinished run: checkpoints only
     accelerator = Accelerator(project_config=ProjectConfiguration(str(run), automatic_checkpoint_naming=True))
@@ -130,3 +144,97 @@ def test_strict_false_loads_what_fits_and_leaves_the_rest(tmp_path):
         from_run(tmp_path, Wider())
     from_run(tmp_path, model, strict=False)
     assert torch.equal(model.embed.weight, trained(1).embed.weight) and torch.equal(model.extra.weight, before)
+
+
+def write_declared(path, tensors: dict[str, list[int]], metadata: dict[str, str] | None = None) -> None:
+    """A float32 safetensors file as its header declares ``tensors`` (name -> shape), written by hand: the 8-byte
+    header length, the JSON header, then the tensors' bytes as a hole (a sparse file), never written."""
+    header, offset = ({"__metadata__": metadata} if metadata else {}), 0
+    for name, shape in tensors.items():
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + 4 * math.prod(shape)]}
+        offset += 4 * math.prod(shape)
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as file:
+        file.write(struct.pack("<Q", len(encoded)) + encoded)
+        file.truncate(8 + len(encoded) + offset)
+
+
+HUGE = [5_000_000_000]  # 20 GB of float32
+
+
+def test_names_and_shapes_are_compared_from_the_header_before_any_tensor_is_read(tmp_path):
+    for name, tensors in [("renamed", {"weight": [3, 2], "bias": [3], "huge": HUGE}),
+                          ("reshaped", {"weight": HUGE, "bias": [3]})]:  # fmt: skip
+        (tmp_path / name).mkdir()
+        write_declared(tmp_path / name / "model.safetensors", tensors)
+    assert (tmp_path / "renamed" / "model.safetensors").stat().st_size > 20e9  # as declared, though a hole on disk
+    peak, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.monotonic()
+    for name, found in [("renamed", "unexpected: huge"), ("reshaped", "other shapes: weight (5000000000,) for (3, 2)")]:
+        with pytest.raises(ValueError) as refused:
+            from_run(tmp_path / name, nn.Linear(2, 3))
+        assert str(refused.value) == (
+            f"The weights in {tmp_path / name} are not Linear's ({found}); point model.source at a run of this model, "
+            "or build the model its weights were saved from."
+        )
+    model = from_run(tmp_path / "renamed", nn.Linear(2, 3), strict=False)  # what fits is read, and nothing else
+    assert torch.equal(model.weight, torch.zeros(3, 2)) and torch.equal(model.bias, torch.zeros(3))
+    assert time.monotonic() - start < 10
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 200_000  # kB: far from the 20 GB declared
+
+
+ALIASES_DAMAGED = "the file is damaged, so write it again or load a different one."
+
+
+@pytest.mark.parametrize(
+    ("aliases", "problem"),
+    [
+        ('{"head.weight": "gone"}', "maps 'head.weight' to 'gone', a tensor the file does not hold"),
+        ('{"embed.weight": "embed.weight"}', "maps 'embed.weight', a tensor the file holds itself, to 'embed.weight'"),
+        ('{"head.weight": ["embed.weight"]}', "is not a JSON object of tensor names (name -> stored name)"),
+        ("[]", "is not a JSON object of tensor names (name -> stored name)"),
+        ("{", "is not a JSON object of tensor names (name -> stored name)"),
+        ("[" * 100_000, "is not a JSON object of tensor names (name -> stored name)"),
+    ],
+)
+def test_aliases_that_name_no_tensor_of_the_file_are_one_sentence(tmp_path, aliases, problem):
+    weights = tmp_path / "model.safetensors"
+    save_file({"embed.weight": torch.ones(16, 8)}, weights, metadata={"format": "pt", "aliases": aliases})
+    with pytest.raises(ValueError) as refused:
+        from_run(tmp_path, Tied())
+    assert str(refused.value) == f"{weights}: its aliases metadata {problem}; {ALIASES_DAMAGED}"
+
+
+def test_a_link_where_the_weights_are_is_one_sentence(tmp_path):
+    run = tmp_path / "run"
+    accelerator = Accelerator(project_config=ProjectConfiguration(str(run), automatic_checkpoint_naming=True))
+    accelerator.prepare(trained(1))
+    accelerator.save_state()
+    save_model_files(trained(2).state_dict(), tmp_path / "elsewhere")
+    (run / "model").symlink_to(tmp_path / "elsewhere")  # the run's final model, a folder of someone else's
+    linked = (
+        f"{run / 'model'} is a symbolic link (to {tmp_path / 'elsewhere'}); a run folder holds no links, so remove it "
+        "or copy the run with links resolved (cp -rL)."
+    )
+    for source in (run, run / "model", run / "checkpoints" / "checkpoint_0"):  # the run, or a folder of it, named
+        with pytest.raises(ValueError) as refused:
+            from_run(source, Tied())
+        assert str(refused.value) == linked
+    (run / "model").unlink()
+    shutil.copytree(tmp_path / "elsewhere", run / "model")
+    os.link(run / "model" / "model.safetensors", tmp_path / "another-name")  # the same file, named outside the run
+    hard = (
+        f"{run / 'model' / 'model.safetensors'} is a hard link (its file has 2 names, any of them perhaps outside the "
+        "run); a run folder holds only files of its own, so copy the run with cp -r, which writes each file anew, "
+        "and point at the copy."
+    )
+    for source in (run, run / "model"):
+        with pytest.raises(ValueError) as refused:
+            from_run(source, Tied())
+        assert str(refused.value) == hard
+    shutil.rmtree(run / "model")
+    checkpoint = run / "checkpoints" / "checkpoint_0"
+    os.link(checkpoint / "model.safetensors", tmp_path / "checkpoint-weights")
+    with pytest.raises(ValueError) as refused:
+        from_run(run, Tied())
+    assert str(refused.value) == hard.replace(str(run / "model"), str(checkpoint))

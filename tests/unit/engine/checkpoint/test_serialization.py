@@ -7,13 +7,18 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
+from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.checkpoint.serialization import (
     load_checkpoint_in_model,
+    load_safetensors,
     load_state_dict_files,
     parse_size,
+    safetensors_shapes,
     save_model_files,
+    save_safetensors,
 )
 from runner.engine.checkpoint.torch_files import torch_load, torch_save
 from runner.engine.constants import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
@@ -229,6 +234,38 @@ def test_tied_weights_stored_once_and_restored(tmp_path):
     assert torch.equal(fresh.embed.weight, model.embed.weight)
     assert torch.equal(fresh.head.weight, model.embed.weight)
     assert fresh.head.weight is fresh.embed.weight
+
+
+def test_only_the_tensors_asked_for_are_read_and_shapes_come_from_the_header(tmp_path):
+    torch.manual_seed(0)
+    state_dict = TiedLM().state_dict()
+    save_safetensors(state_dict, tmp_path / "w.safetensors")
+    assert safetensors_shapes(tmp_path / "w.safetensors") == {name: tuple(t.shape) for name, t in state_dict.items()}
+    asked = load_safetensors(tmp_path / "w.safetensors", names=["head.weight", "hidden.bias"])
+    assert sorted(asked) == ["embed.weight", "head.weight", "hidden.bias"]  # the alias brings the tensor it names
+    assert torch.equal(asked["head.weight"], state_dict["embed.weight"]) and "hidden.weight" not in asked
+
+
+@pytest.mark.parametrize(
+    ("aliases", "problem"),
+    [
+        ('{"head.weight": "gone"}', "maps 'head.weight' to 'gone', a tensor the file does not hold"),
+        ('{"hidden.bias": "embed.weight"}', "maps 'hidden.bias', a tensor the file holds itself, to 'embed.weight'"),
+        ('{"head.weight": null}', "is not a JSON object of tensor names (name -> stored name)"),
+        ('"head.weight"', "is not a JSON object of tensor names (name -> stored name)"),
+        ("not json", "is not a JSON object of tensor names (name -> stored name)"),
+    ],
+)
+def test_aliases_that_name_no_tensor_of_the_file_are_one_sentence(tmp_path, aliases, problem):
+    path = tmp_path / "w.safetensors"
+    tensors = {"embed.weight": torch.ones(4, 2), "hidden.bias": torch.zeros(2)}
+    save_file(tensors, path, metadata={"format": "pt", "aliases": aliases})
+    for read in (load_safetensors, safetensors_shapes, load_state_dict_files):
+        with pytest.raises(CheckpointError) as refused:
+            read(path)
+        assert str(refused.value) == (
+            f"{path}: its aliases metadata {problem}; the file is damaged, so write it again or load a different one."
+        )
 
 
 def test_the_same_weights_always_give_the_same_bytes(tmp_path):
