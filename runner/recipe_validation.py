@@ -10,11 +10,13 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import re
+from collections.abc import Iterator
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from runner.config import CHAR_CORPUS, DIRECTIONS, MODEL_COMPUTES_LOSS, RECIPES, ConfigError, GPTConfig
+from runner.data.mixture_weights import weights_problem
 from runner.value_checks import at_least, choice
 
 _SPLIT = re.compile(r"^(?P<name>[A-Za-z_]\w*)(\[(?P<start>-?\d+%?)?:(?P<stop>-?\d+%?)?\])?$")
@@ -58,6 +60,75 @@ def check_data(cfg: DictConfig) -> None:
     if data.val_fraction is not None and not 0 < data.val_fraction < 1:
         raise ConfigError(f"data.val_fraction={data.val_fraction} must be between 0 and 1 (exclusive), e.g. 0.1.")
     at_least(cfg, "data.samples_per_epoch", 1, optional=True)
+    check_mixture_weights(cfg)
+    check_block_sizes(cfg)
+
+
+_MIXTURES = ("runner.data.Mixture", "runner.data.mixture.Mixture")
+_PACKINGS = ("runner.data.Packed", "runner.data.packing.Packed")
+# The keys that hold a model's longest context: runner.models.GPT's, and Hugging Face configs' (GPT-2's, and most).
+_CONTEXT_KEYS = ("n_positions", "max_position_embeddings")
+
+
+def check_mixture_weights(cfg: DictConfig) -> None:
+    """Every ``runner.data.Mixture`` of the data has weights its draws can use (as the Mixture itself checks), so a
+    weight of inf, or a sum past the largest float, stops the run here rather than at its first step."""
+    for key, node in _data_nodes(cfg):
+        if _selected(node, "_target_") not in _MIXTURES or _selected(node, "weights") is None:
+            continue
+        weights = _selected(node, "weights")
+        weights = OmegaConf.to_container(weights, resolve=True) if isinstance(weights, ListConfig) else weights
+        problem = weights_problem(weights) if isinstance(weights, list) else "must be a list of numbers, or null"
+        if problem is not None:
+            raise ConfigError(f"{key}.weights={weights} {problem}.")
+
+
+def check_block_sizes(cfg: DictConfig) -> None:
+    """Every ``runner.data.Packed`` of the data cuts blocks no longer than the model's context, where the config
+    gives both (the model's position embeddings would otherwise be indexed past their end at the first step)."""
+    context = _model_context(cfg)
+    if context is None:
+        return
+    context_key, positions = context
+    for key, node in _data_nodes(cfg):
+        size = _selected(node, "block_size")
+        if _selected(node, "_target_") in _PACKINGS and type(size) is int and size > positions:
+            raise ConfigError(
+                f"{key}.block_size={size} is longer than the model's context, {context_key}={positions}; set "
+                f"{key}.block_size to at most {positions} (or lengthen the model's context)."
+            )
+
+
+def _model_context(cfg: DictConfig) -> tuple[str, int] | None:
+    """The key and value of the model's longest context, where its config says: runner.models.GPT's block_size,
+    or a Hugging Face config's n_positions or max_position_embeddings, in the model's node or one inside it."""
+    for key, node in _nodes(cfg._get_node("model"), "model"):
+        names = ("block_size",) if _selected(node, "_target_") == GPTConfig._target_ else _CONTEXT_KEYS
+        for name in names:
+            if type(value := _selected(node, name)) is int:
+                return f"{key}.{name}", value
+    return None
+
+
+def _data_nodes(cfg: DictConfig) -> Iterator[tuple[str, DictConfig]]:
+    for split in ("train", "eval"):
+        yield from _nodes(cfg.data._get_node(split), f"data.{split}")
+
+
+def _nodes(node: Any, key: str) -> Iterator[tuple[str, DictConfig]]:
+    """``node`` (at ``key``) and every mapping inside it, with their keys; interpolations are not followed."""
+    if isinstance(node, DictConfig) and not node._is_none():
+        yield key, node
+        for name in node:
+            yield from _nodes(node._get_node(name), f"{key}.{name}")
+    elif isinstance(node, ListConfig) and not node._is_none():
+        for index in range(len(node)):
+            yield from _nodes(node._get_node(index), f"{key}[{index}]")
+
+
+def _selected(node: DictConfig, name: str) -> Any:
+    """``node``'s value at ``name``, resolved; None where it has none, or it cannot be resolved (other checks say)."""
+    return OmegaConf.select(node, name, throw_on_missing=False, throw_on_resolution_failure=False)
 
 
 def check_loss_and_metrics(cfg: DictConfig) -> None:

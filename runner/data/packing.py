@@ -18,7 +18,9 @@ last, short block of the stream is dropped, as ``run_clm.py`` drops it.
 
 It records its position (``state_dict``): the source's own state when it has one (else how many documents were
 read) and the tokens carried over into the next block, so a prepared loader's checkpoint resumes it exactly,
-without reading what was packed.
+without reading what was packed. A loaded state is checked first (``check_state_dict``): one this packing cannot
+reach is one sentence naming its field. Between blocks the carry is shorter than a block, except inside a
+document longer than a block, whose unpacked rest it then is; that rest is as long as the document makes it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ import torch
 from torch.utils.data import IterableDataset
 
 from runner.engine.data.dispatch import stateful
+from runner.engine.data.stream_states import check_stream_state, is_count, known_length, shown, stream_state_error
+
+_STATE_KEYS = ("documents", "carry", "positions", "source")
 
 
 class Packed(IterableDataset):
@@ -72,7 +77,57 @@ class Packed(IterableDataset):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` on the next pass; a CheckpointError for one it cannot have (``check_state_dict``)."""
+        self.check_state_dict(state)
         self._loaded = state
+
+    def check_state_dict(self, state: Any, *, field: str = "state") -> None:
+        """Raise CheckpointError, one sentence naming ``field``'s key, unless this packing can reach ``state``.
+
+        The documents read are a count (at most the source's length, where it has one), the carry holds token
+        ids with a position each (counting up within a document, each document ending with ``eos_token_id``), and
+        the source's state is checked by the source (:func:`~runner.engine.data.stream_states.check_stream_state`).
+        """
+        if not isinstance(state, dict) or set(state) != set(_STATE_KEYS):
+            raise stream_state_error(field, f"{shown(state)} is not Packed's state ({', '.join(_STATE_KEYS)})")
+        documents = state["documents"]
+        if not is_count(documents):
+            raise stream_state_error(f"{field}.documents", f"{shown(documents)} is not a count of documents")
+        length = known_length(self.dataset)
+        if length is not None and documents > length:
+            raise stream_state_error(f"{field}.documents", f"{documents} documents read, but the source holds {length}")
+        self._check_carry(state["carry"], state["positions"], documents=documents, field=field)
+        source = state["source"]
+        if source is not None and not stateful(self.dataset):
+            raise stream_state_error(
+                f"{field}.source", f"{shown(source)}, but the source ({type(self.dataset).__name__}) has no state"
+            )
+        if source is not None:
+            check_stream_state(self.dataset, source, field=f"{field}.source")
+
+    def _check_carry(self, carry: Any, positions: Any, *, documents: int, field: str) -> None:
+        if not isinstance(carry, list) or not all(type(token) is int for token in carry):
+            raise stream_state_error(f"{field}.carry", f"{shown(carry)} is not a list of token ids")
+        if not (isinstance(positions, list) and len(positions) == len(carry) and all(map(is_count, positions))):
+            raise stream_state_error(
+                f"{field}.positions", f"{shown(positions)} is not one position for each of the {len(carry)} tokens"
+            )
+        starts = [k for k, position in enumerate(positions) if position == 0]
+        if any(positions[k] not in (0, positions[k - 1] + 1) for k in range(1, len(positions))):
+            raise stream_state_error(f"{field}.positions", f"{shown(positions)} do not count up within a document")
+        if len(starts) + (1 if positions and positions[0] > 0 else 0) > documents:
+            raise stream_state_error(f"{field}.carry", f"it holds tokens of more documents than the {documents} read")
+        if len(carry) >= self.block_size and starts:
+            raise stream_state_error(
+                f"{field}.carry",
+                f"{len(carry)} tokens carried over, where packing leaves fewer than block_size={self.block_size} "
+                "(or the rest of one document, which these are not)",
+            )
+        ends = [k - 1 for k in starts if k] + ([len(carry) - 1] if carry else [])
+        if self.eos_token_id is not None and any(carry[k] != self.eos_token_id for k in ends):
+            raise stream_state_error(
+                f"{field}.carry", f"its documents do not each end with eos_token_id={self.eos_token_id}"
+            )
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         state, self._loaded = self._loaded, None

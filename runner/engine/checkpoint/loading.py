@@ -32,6 +32,7 @@ from runner.engine.checkpoint.serialization import load_safetensors
 from runner.engine.checkpoint.torch_files import torch_load
 from runner.engine.constants import (
     DCP_METADATA_NAME,
+    MANIFEST_NAME,
     SCALER_NAME,
     SCHEDULER_NAME,
     custom_state_name,
@@ -228,8 +229,11 @@ def restore_engine_metadata(
             f"{checkpoint} records {len(positions)} dataloader(s) but {len(loaders)} were prepared; "
             "prepare the same dataloaders as the run that saved it."
         )
-    for loader, position in zip(loaders, positions, strict=True):
-        loader.load_state_dict(position)
+    for index, (loader, position) in enumerate(zip(loaders, positions, strict=True)):
+        try:
+            loader.load_state_dict(position)
+        except CheckpointError as error:  # a stream state no data can have: name the file it came from
+            raise CheckpointError(f"{checkpoint / MANIFEST_NAME} dataloaders[{index}].{error}") from None
     for optimizer, steps in zip(optimizers, manifest.get("optimizer_steps", []), strict=False):
         optimizer.steps = steps
     gradient_state.step = manifest.get("accumulation_step", 0)

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.data.batch_shards import BatchSamplerShard
 from runner.engine.data.sampling import PlainShuffle, SeedableRandomSampler, Sharding
+from runner.engine.data.stream_states import check_stream_state
 from runner.engine.ops import send_to_device
 
 logger = logging.getLogger("runner")
@@ -222,7 +223,20 @@ class PreparedDataLoader(DataLoader):
                 f"loader's workers, so it continues only with the same number: resume with num_workers={saved} "
                 f"(this loader has {self.num_workers})."
             )
-        return state[self._stream_key] if self._stream_key in state else None
+        saved_state = state.get(self._stream_key)
+        return None if saved_state is None else self._checked_stream_state(saved_state)
+
+    @property
+    def _stream(self) -> Any:
+        """The user's stream whose state a position records: the one this loader's shard of it wraps."""
+        return getattr(self.dataset, "dataset", self.dataset)
+
+    def _checked_stream_state(self, saved: Any) -> Any:
+        """``saved`` (a position's ``dataset_state``) if this loader's stream can continue from it; else one sentence
+        naming its field (see :mod:`runner.engine.data.stream_states`). A stream's state is checked as it is loaded,
+        before any pass reads it: a wrong one would fail deep in a pass, or resume on other data."""
+        check_stream_state(self._stream, saved, field=self._stream_key)
+        return saved
 
     def _take_stream_state(self, dataset: Any, skip: int, tracked: bool, *, log: bool = True) -> Any:
         """The saved state the stream of this pass continues from, if it can (``tracked``: the loader records

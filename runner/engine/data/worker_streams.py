@@ -17,7 +17,11 @@ whose part has ended. For a stream with ``state_dict()``/``load_state_dict()`` a
 A position (the manifest's ``worker_states``, JSON) holds each worker's state before its next batch
 (null: its part from the start), the workers whose part has ended, the worker whose batch comes next,
 and the rows of that batch already handed out (a global batch may end inside a worker's batch). It
-continues with the same number of workers; nothing already seen is read again but those rows.
+continues with the same number of workers; nothing already seen is read again but those rows. Each
+worker's state names the worker that saved it (``{"loader_worker": 1, "stream_state": ...}``), since a
+worker's part follows from its number: a state in another worker's place would read another part.
+A position is checked when it is loaded (:func:`checked_position`), its states by their stream; one saved
+before states named their worker (a bare stream state) still loads.
 """
 
 from __future__ import annotations
@@ -30,9 +34,12 @@ from typing import Any, NamedTuple
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.data.dispatch import DispatchedDataLoader, batch_rows, concat_rows, slice_rows, stateful
 from runner.engine.data.loader import PreparedDataLoader
+from runner.engine.data.stream_states import check_stream_state, is_count, shown, stream_state_error
+
+_POSITION_KEYS = ("workers", "ended", "next", "rows")
+_NAMED_STATE_KEYS = {"loader_worker", "stream_state"}
 
 
 class _End:
@@ -99,7 +106,9 @@ class TaggedCollate:
         if ended:
             samples = samples[:-1]
         stream = info.dataset
-        state = stream.dataset.state_dict() if stream.tracked and not ended else None
+        state = None
+        if stream.tracked and not ended:
+            state = {"loader_worker": info.id, "stream_state": stream.dataset.state_dict()}
         return Tagged(self.collate_fn(samples) if samples else None, info.id, state, ended)
 
 
@@ -122,6 +131,7 @@ class WorkerRouter:
         self._ended = set(start["ended"])
         self._next = start["next"]
         self._drop = start["rows"]  # rows of the next worker's output already handed out before the checkpoint
+        self._rows_handed_out = start["rows"]
 
     def position(self, rows: int = 0) -> dict[str, Any]:
         """Where the stream continues: after the last batch handed out (and ``rows`` of the next)."""
@@ -138,14 +148,23 @@ class WorkerRouter:
                 batch = slice_rows(batch, offset, batch_rows(batch)) if offset < batch_rows(batch) else None
                 self._drop -= offset
                 before["rows"] = offset
+            if self._drop and tagged.ended:
+                raise self._more_rows_than_the_part(worker)
             self._before[worker] = tagged.state
             if tagged.ended:
                 self._ended.add(worker)
-            if not (self._drop and not tagged.ended):  # a batch left out whole: its worker is still due
-                self._drop = 0
+            if not self._drop:  # else a batch left out whole (saved with bigger batches): its worker is still due
                 self._next = self._following(worker)
             if batch is not None:
                 yield Piece(batch, before, offset)
+
+    def _more_rows_than_the_part(self, worker: int) -> Exception:
+        """The rows handed out of ``worker``'s batch were part of its stream, which has ended before as many."""
+        return stream_state_error(
+            "worker_states.rows",
+            f"{self._rows_handed_out} rows of loader worker {worker}'s batch handed out, but its part ends after "
+            f"{self._rows_handed_out - self._drop}",
+        )
 
     def _take(self, worker: int) -> Tagged:
         while not self._queues[worker]:
@@ -163,25 +182,58 @@ class WorkerRouter:
         return worker
 
 
-def checked_position(position: Any, workers: int, name: str) -> dict[str, Any]:
-    """``position`` (a checkpoint's ``worker_states``) if it is one for ``workers`` workers; else one sentence."""
-    ok = (
-        isinstance(position, dict)
-        and isinstance(position.get("workers"), list)
-        and len(position["workers"]) == workers
-        and isinstance(position.get("ended"), list)
-        and all(type(w) is int and 0 <= w < workers for w in position["ended"])
-        and type(position.get("next")) is int
-        and 0 <= position["next"] < workers
-        and type(position.get("rows")) is int
-        and position["rows"] >= 0
-    )
-    if not ok:
-        raise CheckpointError(
-            f"The checkpoint's position of {name} (worker_states) is damaged: it names no state for each of the "
-            f"{workers} loader workers; resume from another checkpoint."
+def checked_position(position: Any, *, stream: WorkerStream, workers: int) -> dict[str, Any]:
+    """``position`` (a checkpoint's ``worker_states``) if ``workers`` loader workers of ``stream`` can continue from
+    it: the workers it names are this loader's, the worker due has not ended, each state sits in its own worker's
+    place and fits the stream (:func:`~runner.engine.data.stream_states.check_stream_state`). Else one sentence
+    naming the field."""
+    if not isinstance(position, dict) or set(position) != set(_POSITION_KEYS):
+        raise stream_state_error(
+            "worker_states", f"{shown(position)} is not a position of loader workers ({', '.join(_POSITION_KEYS)})"
         )
+    states, ended, due = position["workers"], position["ended"], position["next"]
+    if not isinstance(states, list) or len(states) != workers:
+        raise stream_state_error(
+            "worker_states.workers", f"{shown(states)} is not a state for each of {workers} workers"
+        )
+    names_workers = isinstance(ended, list) and all(type(w) is int and 0 <= w < workers for w in ended)
+    if not names_workers or ended != sorted(set(ended)):
+        raise stream_state_error("worker_states.ended", f"{shown(ended)} is not a list of workers 0 to {workers - 1}")
+    if type(due) is not int or not 0 <= due < workers or (due in ended and len(ended) < workers):
+        raise stream_state_error(
+            "worker_states.next", f"{shown(due)} is not a worker whose part goes on (0 to {workers - 1}, not ended)"
+        )
+    if not is_count(position["rows"]):
+        raise stream_state_error("worker_states.rows", f"{shown(position['rows'])} is not a count of rows")
+    for worker, saved in enumerate(states):
+        _check_worker_state(saved, worker=worker, ended=worker in ended, stream=stream.dataset)
     return position
+
+
+def _check_worker_state(saved: Any, *, worker: int, ended: bool, stream: Any) -> None:
+    field = f"worker_states.workers[{worker}]"
+    if saved is not None and ended:
+        raise stream_state_error(field, f"{shown(saved)}, a state for worker {worker}, whose part has ended")
+    if saved is None:
+        return
+    if _names_its_worker(saved):
+        if saved["loader_worker"] != worker:
+            raise stream_state_error(
+                f"{field}.loader_worker",
+                f"the state of loader worker {shown(saved['loader_worker'])} in worker {worker}'s place",
+            )
+        saved, field = saved["stream_state"], f"{field}.stream_state"
+    check_stream_state(stream, saved, field=field)
+
+
+def _names_its_worker(saved: Any) -> bool:
+    """Whether ``saved`` names the worker that saved it (positions saved before that hold the bare stream state)."""
+    return isinstance(saved, dict) and set(saved) == _NAMED_STATE_KEYS
+
+
+def _stream_state(saved: Any) -> Any:
+    """The stream's own state in a worker's saved state."""
+    return saved["stream_state"] if _names_its_worker(saved) else saved
 
 
 def _checked_state(tagged: Tagged, name: str) -> Tagged:
@@ -207,6 +259,9 @@ class _WorkerPasses:
     def _stream(self) -> Any:
         return self.dataset.dataset
 
+    def _checked_stream_state(self, saved: Any) -> Any:
+        return checked_position(saved, stream=self.dataset, workers=self.num_workers)
+
     def _tracks_stream(self) -> bool:
         """Whether the workers' states are recorded: a stream with state, in workers that start anew each pass
         (persistent workers keep the copies of their first pass, which a resumed position cannot reach)."""
@@ -215,9 +270,7 @@ class _WorkerPasses:
     def _pieces(self, start: dict[str, Any] | None) -> tuple[WorkerRouter, Iterator[Piece]]:
         stream, name = self.dataset, type(self.dataset.dataset).__name__
         stream.tracked = self._tracks_stream()
-        if start is not None:
-            start = checked_position(start, self.num_workers, name)
-        stream.resume = None if start is None else start["workers"]
+        stream.resume = None if start is None else [_stream_state(saved) for saved in start["workers"]]
         stream.ended = frozenset(() if start is None else start["ended"])
         tagged = DataLoader.__iter__(self)  # the workers start here
         if stream.tracked:

@@ -9,8 +9,10 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from runner.data import Mixture
+from runner.data import Mixture, Packed
 from runner.engine import Accelerator
+from runner.engine.checkpoint.manifest import CheckpointError
+from runner.engine.data.stream_states import shown
 from tests.helpers import StatefulRange
 
 
@@ -127,3 +129,90 @@ def test_what_cannot_be_mixed_is_one_sentence(arguments, sentence):
     assert str(refused.value) == sentence
     with pytest.raises(ValueError, match=r"^Mixture's dataset 0 \(list\) is empty\.$"):
         list(Mixture([[], [1, 2]], exhausted="restart"))
+
+
+def test_weights_the_draws_cannot_use_are_one_sentence_when_the_mixture_is_built():
+    for weights in ([float("inf"), 1], [1e308, 1e308]):
+        with pytest.raises(ValueError) as refused:
+            Mixture(sources(3, 3), weights=weights)
+        assert str(refused.value) == (
+            f"Mixture's weights={[float(w) for w in weights]} must be finite, and so must their sum; scale them down "
+            "(only their ratios matter)."
+        )
+    with pytest.raises(ValueError) as refused:
+        Mixture(sources(3, 3), weights=["a", 1])
+    assert str(refused.value) == "Mixture's weights=['a', 1.0] must be numbers."
+    assert Mixture(sources(3, 3), weights=[1e307, 1e307]).weights == [1e307, 1e307]  # large but summable
+
+
+# ------------------------------------------------------------------------ a saved state from someone else
+FIX = "the checkpoint's stream state is not one this data can have: resume from another checkpoint or start a new run."
+
+
+def mixed(exhausted: str = "stop") -> Mixture:
+    """A stream with state, and a map-style list of 30 (its position: the count taken)."""
+    return Mixture([Tagged(40, "a"), list(range(30))], weights=[1, 1], seed=1, exhausted=exhausted)
+
+
+def saved_state() -> dict:
+    mixture = mixed()
+    take(mixture, 10)
+    return json.loads(json.dumps(mixture.state_dict()))
+
+
+def test_saved_state_is_a_real_one_to_edit():
+    state = saved_state()
+    assert {key: value for key, value in state.items() if key != "rng"} == {
+        "epoch": 0, "started": True, "active": [0, 1], "taken": [5, 5], "restarts": [0, 0],
+        "sources": [{"next": 5}, None],
+    }  # fmt: skip
+    assert state["rng"][0] == 3 and len(state["rng"][1]) == 625
+
+
+@pytest.mark.parametrize(
+    ("edit", "sentence"),
+    [
+        ({"epoch": "1"}, "state.epoch: '1' is not an epoch"),
+        ({"rng": "x"}, "state.rng: 'x' is not the state of the mixture's random draws"),
+        ({"rng": [3, [0] * 625, None]}, "state.rng: [3, [0, 0, 0, 0, ...], None] is not the state of the mixture's "
+         "random draws"),
+        ({"rng": [3, [1] * 624 + [625], None]}, "state.rng: [3, [1, 1, 1, 1, ...], None] is not the state of the "
+         "mixture's random draws"),
+        ({"active": [0]}, "state.active: [0] leaves sources out, which exhausted='stop' never does"),
+        ({"active": [1, 0]}, "state.active: [1, 0] is not a list of sources in order"),
+        ({"active": [0, 2]}, "state.active: [0, 2] names a source this mixture of 2 lacks"),
+        ({"taken": [5, 30_000]}, "state.taken[1]: 30000 samples taken, but source 1 holds 30"),
+        ({"taken": [5, -1]}, "state.taken[1]: -1 is not a count of samples"),
+        ({"taken": [5]}, "state.taken: [5] is not a list of one entry for each of the 2 sources"),
+        ({"restarts": [1, 0]}, "state.restarts[0]: 1, where exhausted='stop' restarts no source"),
+        ({"restarts": [0, "x"]}, "state.restarts[1]: 'x' is not a count of restarts"),
+        ({"sources": [None, {"next": 3}]}, "state.sources[1]: {'next': 3}, but source 1 (list) has no state"),
+        ({"sources": "abc"}, "state.sources: 'abc' is not a list of one entry for each of the 2 sources"),
+    ],
+)  # fmt: skip
+def test_an_edited_state_is_one_sentence_naming_its_field(edit, sentence):
+    with pytest.raises(CheckpointError) as refused:
+        mixed().load_state_dict({**saved_state(), **edit})
+    assert str(refused.value) == f"{sentence}; {FIX}"
+
+
+def test_a_state_that_is_no_mixtures_is_refused_and_a_packed_sources_state_is_checked_by_it():
+    started = "epoch, started, rng, active, taken, restarts, sources"
+    for state, keys in (
+        ("abc", "epoch, started"),
+        ({"epoch": 0}, "epoch, started"),
+        ({**saved_state(), "x": 1}, started),
+    ):
+        with pytest.raises(CheckpointError) as refused:
+            mixed().load_state_dict(state)
+        assert str(refused.value) == f"state: {shown(state)} is not Mixture's state ({keys}); {FIX}"
+    mixture = Mixture([Packed([[1, 2, 3]] * 9, block_size=2), [7] * 9], seed=1)
+    take(mixture, 6)
+    state = json.loads(json.dumps(mixture.state_dict()))
+    state["sources"][0].update(carry=[1] * 300, positions=list(range(300)))
+    with pytest.raises(CheckpointError) as refused:
+        Mixture([Packed([[1, 2, 3]] * 9, block_size=2), [7] * 9], seed=1).load_state_dict(state)
+    assert str(refused.value) == (
+        "state.sources[0].carry: 300 tokens carried over, where packing leaves fewer than block_size=2 (or the rest "
+        f"of one document, which these are not); {FIX}"
+    )

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from runner.data import Packed
 from runner.engine import Accelerator
 from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.data.worker_streams import Tagged, WorkerRouter
@@ -69,7 +70,9 @@ def test_a_late_resume_reads_one_batch_per_worker_at_most_and_continues_exactly(
     rest = [batch.tolist() for batch in resumed]
     assert head + rest == whole
     assert position["samples_seen"] == 3600 and position["worker_states"]["next"] == 0
-    assert position["worker_states"]["workers"] == [{"shard": 1, "index": 800}] * 2  # 1,800 of each worker's 2,000
+    assert position["worker_states"]["workers"] == [  # 1,800 of each worker's 2,000, each state naming its worker
+        {"loader_worker": worker, "stream_state": {"shard": 1, "index": 800}} for worker in (0, 1)
+    ]
     assert resumed_stream.reads.value == 4000 - 3600  # nothing read again: each worker continues from its state
 
 
@@ -104,13 +107,11 @@ def test_a_changed_worker_count_and_a_damaged_position_are_one_sentence_each():
     with pytest.raises(CheckpointError, match=r"read by the main process alone \(num_workers=0\).*num_workers=0 "):
         _loader(ShardedRange(40)).load_state_dict(in_main)
     damaged = {**position, "worker_states": {**position["worker_states"], "next": 5}}
-    loader = _loader(ShardedRange(40))
-    loader.load_state_dict(damaged)
-    with pytest.raises(CheckpointError) as refused:
-        next(iter(loader))
+    with pytest.raises(CheckpointError) as refused:  # refused as it is loaded, before any worker starts
+        _loader(ShardedRange(40)).load_state_dict(damaged)
     assert str(refused.value) == (
-        "The checkpoint's position of ShardedRange (worker_states) is damaged: it names no state for each of the 2 "
-        "loader workers; resume from another checkpoint."
+        "worker_states.next: 5 is not a worker whose part goes on (0 to 1, not ended); the checkpoint's stream state "
+        "is not one this data can have: resume from another checkpoint or start a new run."
     )
 
 
@@ -148,3 +149,81 @@ def test_the_router_continues_with_the_worker_that_was_due_and_leaves_out_the_ro
     assert router.position() == {"workers": [None, None], "ended": [0, 1], "next": 1, "rows": 0}
     with pytest.raises(RuntimeError, match="Loader worker 1's stream ended without its end marker"):
         list(WorkerRouter(iter(arrivals[:1]), 2, None))
+
+
+# ------------------------------------------------------------------------ a saved position from someone else
+FIX = "the checkpoint's stream state is not one this data can have: resume from another checkpoint or start a new run."
+
+
+def _refused(position: dict, dataset=None) -> str:
+    loader = _loader(ShardedRange(40) if dataset is None else dataset)
+    with pytest.raises(CheckpointError) as refused:
+        loader.load_state_dict(position)
+    return str(refused.value)
+
+
+def test_swapped_worker_states_are_refused_and_states_saved_before_they_named_their_worker_still_resume():
+    whole = [batch.tolist() for batch in _loader(ShardedRange(40))]
+    head, position = _cut(lambda: ShardedRange(40), 3)  # w0, w1, w0: worker 1 is due
+    states = position["worker_states"]["workers"]
+    assert [state["loader_worker"] for state in states] == [0, 1]
+    swapped = {**position, "worker_states": {**position["worker_states"], "workers": states[::-1]}}
+    assert (
+        _refused(swapped)
+        == f"worker_states.workers[0].loader_worker: the state of loader worker 1 in worker 0's place; {FIX}"
+    )
+    bare = [state["stream_state"] for state in states]  # as positions were saved before
+    resumed = _loader(ShardedRange(40))
+    resumed.load_state_dict({**position, "worker_states": {**position["worker_states"], "workers": bare}})
+    assert head + [batch.tolist() for batch in resumed] == whole
+
+
+@pytest.mark.parametrize(
+    ("edit", "sentence"),
+    [
+        ({"next": "1"}, "worker_states.next: '1' is not a worker whose part goes on (0 to 1, not ended)"),
+        ({"ended": [1], "next": 1}, "worker_states.next: 1 is not a worker whose part goes on (0 to 1, not ended)"),
+        ({"ended": [2]}, "worker_states.ended: [2] is not a list of workers 0 to 1"),
+        ({"ended": [0, 0]}, "worker_states.ended: [0, 0] is not a list of workers 0 to 1"),
+        ({"rows": -1}, "worker_states.rows: -1 is not a count of rows"),
+        ({"extra": 1}, "worker_states: {'ended': [], 'extra': 1, 'next': 1, 'rows': 0, ...} is not a position of "
+         "loader workers (workers, ended, next, rows)"),
+        ({"workers": [None, "junk"]}, "worker_states.workers[1]: 'junk' is not Packed's state (documents, carry, "
+         "positions, source)"),
+        ({"workers": [None, {"loader_worker": 1, "stream_state": {"documents": "abc", "carry": [], "positions": [],
+                                                                   "source": None}}]},
+         "worker_states.workers[1].stream_state.documents: 'abc' is not a count of documents"),
+    ],
+)  # fmt: skip
+def test_an_edited_position_of_packing_workers_is_one_sentence_naming_its_field(edit, sentence):
+    def packed():
+        return Packed([[1, 2, 3, 4, 5]] * 30, block_size=2)  # each worker packs all of it: its state is Packed's
+
+    iterator = iter(loader := _loader(packed()))
+    next(iterator), next(iterator), next(iterator)
+    position = loader.state_dict()
+    assert position["worker_states"]["next"] == 1
+    assert position["worker_states"]["workers"][1]["stream_state"]["documents"] == 2
+    assert (
+        _refused({**position, "worker_states": {**position["worker_states"], **edit}}, packed()) == f"{sentence}; {FIX}"
+    )
+
+
+def test_a_state_for_an_ended_worker_and_more_rows_handed_out_than_its_batch_holds_are_refused():
+    _, position = _cut(lambda: ShardedRange(30, shards=3), 6)  # worker 1's part has ended
+    saved = position["worker_states"]
+    assert saved["ended"] == [1] and saved["workers"][1] is None
+    ended = {**position, "worker_states": {**saved, "workers": [saved["workers"][0]] * 2}}
+    assert _refused(ended, ShardedRange(30, shards=3)) == (
+        f"worker_states.workers[1]: {{'loader_worker': 0, 'stream_state': {{'index': 2, 'shard': 1}}}}, a state for "
+        f"worker 1, whose part has ended; {FIX}"
+    )
+    _, position = _cut(lambda: ShardedRange(40), 3)
+    skipped = {**position, "worker_states": {**position["worker_states"], "rows": 30_000}}
+    loader = _loader(ShardedRange(40))
+    loader.load_state_dict(skipped)  # a batch of another size may have been saved: its worker's part bounds the rows
+    with pytest.raises(CheckpointError) as refused:
+        next(iter(loader))
+    assert str(refused.value) == (
+        f"worker_states.rows: 30000 rows of loader worker 1's batch handed out, but its part ends after 16; {FIX}"
+    )
