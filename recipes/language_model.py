@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, RandomSampler
 
-from runner import trackers
+from runner import preemption, trackers
 from runner.components import build, build_datasets
 from runner.data.text import VOCAB_FILE, CharVocab
 from runner.engine import Accelerator, CheckpointError, set_seed
@@ -54,19 +54,24 @@ def parameter_groups(model: torch.nn.Module) -> list[dict]:
     return [{"params": matrices}, {"params": others, "weight_decay": 0.0}]
 
 
-def evaluate(model, loader, accelerator: Accelerator) -> dict[str, float]:
+def evaluate(model, loader, accelerator: Accelerator, *, stop_on_signal: bool = False) -> dict[str, float]:
     """Mean loss per character over every window of the eval split exactly once, across all processes.
 
     Every window holds the same number of characters, so the mean of the windows' mean losses is the
-    mean over all characters.
+    mean over all characters. ``stop_on_signal`` (runner eval): a stop signal ends it at a batch
+    (:func:`runner.preemption.stop_evaluation`).
     """
     model.eval()
     losses = []
     with torch.no_grad():
-        for inputs, targets in loader:
+        for index, (inputs, targets) in enumerate(loader):
+            if stop_on_signal:
+                preemption.stop_evaluation(accelerator, index)
             logits = model(inputs)
             loss = F.cross_entropy(logits.transpose(1, 2).float(), targets, reduction="none").mean(dim=1)
             losses.append(accelerator.gather_for_metrics(loss))
+    if stop_on_signal:
+        preemption.stop_evaluation(accelerator)
     model.train()
     loss = torch.cat(losses).mean().item()
     return {"eval/loss": loss, "eval/perplexity": math.exp(loss)}
@@ -139,8 +144,9 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
             )
         accelerator.load_state(cfg.resume)
         logger.info("Resumed at step %d (epoch %d) from %s", progress.step, train_loader.iteration, cfg.resume)
-    if cfg.evaluate_only:  # runner eval
-        finish_evaluation(accelerator, cfg, evaluate(model, eval_loader, accelerator), step=progress.step)
+    if cfg.evaluate_only:  # runner eval: a stop signal ends it before it writes anything
+        results = evaluate(model, eval_loader, accelerator, stop_on_signal=True)
+        finish_evaluation(accelerator, cfg, results, step=progress.step)
         return None
     trackers.start(accelerator, cfg)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from runner import trackers
+from runner import preemption, trackers
 from runner.components import (
     batch_size,
     build,
@@ -49,20 +49,25 @@ from runner.training import (
 logger = logging.getLogger("runner")
 
 
-def evaluate(model, loader, accelerator: Accelerator, *, loss_fn, metrics: Metrics) -> dict[str, float]:
+def evaluate(
+    model, loader, accelerator: Accelerator, *, loss_fn, metrics: Metrics, stop_on_signal: bool = False
+) -> dict[str, float]:
     """The loss and every metric over each eval sample exactly once, across all processes.
 
     Predictions (the outputs, or their logits) and targets are gathered without the last batch's
     padding, so every rank holds every sample: the loss is the mean over samples, and the metrics
     update once on the gathered tensors. A loss the model computes itself is a batch mean: it is
-    weighed by the batch's samples.
+    weighed by the batch's samples. ``stop_on_signal`` (runner eval): a stop signal ends it at a batch
+    (:func:`runner.preemption.stop_evaluation`).
     """
     model_loss = loss_fn is None
     model.eval()
     metrics.reset()
     total, count = torch.zeros((), device=accelerator.device), 0
     with torch.no_grad():
-        for batch in loader:
+        for index, batch in enumerate(loader):
+            if stop_on_signal:
+                preemption.stop_evaluation(accelerator, index)
             inputs, targets = split_batch(batch, model_loss=model_loss)
             outputs = forward(model, inputs, targets, model_loss=model_loss)
             if model_loss:
@@ -76,6 +81,8 @@ def evaluate(model, loader, accelerator: Accelerator, *, loss_fn, metrics: Metri
             if not model_loss:
                 total, count = total + loss_fn(outputs, targets).float() * len(outputs), count + len(outputs)
             metrics.update(outputs, targets)
+    if stop_on_signal:
+        preemption.stop_evaluation(accelerator)
     model.train()
     return {"eval/loss": (total / max(count, 1)).item(), **metrics.compute()}
 
@@ -108,8 +115,9 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     def evaluate_split() -> dict[str, float]:
         return evaluate(model, eval_loader, accelerator, loss_fn=loss_fn, metrics=metrics)
 
-    if cfg.evaluate_only:  # runner eval
-        finish_evaluation(accelerator, cfg, evaluate_split(), step=progress.step)
+    if cfg.evaluate_only:  # runner eval: a stop signal ends it before it writes anything
+        results = evaluate(model, eval_loader, accelerator, loss_fn=loss_fn, metrics=metrics, stop_on_signal=True)
+        finish_evaluation(accelerator, cfg, results, step=progress.step)
         return None
     trackers.start(accelerator, cfg)
 

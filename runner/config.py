@@ -12,12 +12,14 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the built-in config groups
 CONFIG_NAME = "config"  # conf/config.yaml, the root config
@@ -133,12 +135,42 @@ class WandBTrackerConfig:
 
 
 def upgrade_tracker_node(config: Any) -> None:
-    """A config saved before trackers were a mapping had ``tracker: {name: tensorboard}``: give it the
-    mapping (``{tensorboard: {}}``; ``none`` is no entry), so its run folders resume as before."""
+    """Type, in place, the ``tracker`` node of a saved config (a DictConfig) with the schemas of the built-in
+    trackers, so that a run folder's keys are checked as a command line's are and a key it lacks gets its default.
+
+    A config saved before trackers were a mapping had ``tracker: {name: tensorboard}``: it gets the mapping
+    (``{tensorboard: {}}``; ``none`` is no entry), so its run folders resume as before.
+
+    Raises:
+        ConfigError: a built-in tracker's node that is not a mapping, or holds a key or a value its schema refuses.
+    """
     tracker = config.get("tracker") if hasattr(config, "get") else None
     if tracker is not None and set(tracker.keys()) == {"name"} and isinstance(tracker["name"], str):
         name = tracker["name"]
         config["tracker"] = {} if name == "none" else {name: {}}
+        tracker = config["tracker"]
+    if not hasattr(tracker, "keys"):
+        return  # not a mapping: validation says so
+    for name, schema in OPTION_SCHEMAS["tracker"].items():
+        if name in tracker:
+            tracker[name] = _typed_tracker(name, tracker[name], schema)
+
+
+def _typed_tracker(name: str, node: Any, schema: type) -> Any:
+    if node is not None and not isinstance(node, Mapping):
+        raise ConfigError(
+            f"tracker.{name}={node!r} in the run's saved config is not a mapping of its keys; correct the checkpoint's "
+            f"config.yaml (conf/tracker/{name}.yaml shows the keys)."
+        )
+    try:
+        return OmegaConf.merge(OmegaConf.structured(schema), node or {})
+    except OmegaConfBaseException as error:
+        key = f"tracker.{name}.{error.key}" if getattr(error, "key", None) else f"tracker.{name}"
+        reason = str(error).splitlines()[0].rstrip(".")
+        raise ConfigError(
+            f"{key} in the run's saved config is not valid ({reason}); correct the checkpoint's config.yaml "
+            f"(conf/tracker/{name}.yaml shows the keys)."
+        ) from None
 
 
 # ------------------------------------------------------------------------------- one schema per option

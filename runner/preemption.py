@@ -7,6 +7,10 @@ of them stop at the same step, save the same checkpoint, and the run exits with 
 (75, EX_TEMPFAIL: "try again later").
 ``python -m runner resume=<run folder>`` then continues exactly. A second signal during the save is
 ignored; a kill during it leaves the previous checkpoint intact (checkpoints commit atomically).
+
+An evaluation (``runner eval``) saves nothing, and writes its results only at its end: it stops at the next
+batch the processes agree on (:func:`stop_evaluation` raises :class:`EvaluationStopped`), before anything is
+written, with the same exit code.
 """
 
 from __future__ import annotations
@@ -28,6 +32,15 @@ class Preempted(Exception):
         super().__init__(f"stopped by {signal_name} at step {step}")
         self.signal_name = signal_name
         self.step = step
+
+
+class EvaluationStopped(Preempted):
+    """``runner eval`` stopped at a batch after a stop signal, before it wrote anything: the run is as it was."""
+
+    def __init__(self, signal_name: str) -> None:
+        Exception.__init__(self, f"the evaluation stopped by {signal_name} before writing its results")
+        self.signal_name = signal_name
+        self.step = -1  # no training step: nothing was trained or saved
 
 
 def watch() -> None:
@@ -71,3 +84,14 @@ def agreed(accelerator, step: int, every: int = 10) -> bool:
 
     flag = torch.tensor([float(bool(_received))], device=accelerator.device)
     return bool(accelerator.reduce(flag, reduction="sum").item())
+
+
+def stop_evaluation(accelerator, batch: int | None = None) -> None:
+    """Raise :class:`EvaluationStopped` if any process received a stop signal, during ``runner eval``'s evaluation.
+
+    Every process calls it at the same batches, as :func:`agreed`: before each ``batch`` (several processes agree
+    every 10th), and with ``batch=None`` once after the last, where every process looks (a signal that came
+    during the last batches still stops the evaluation before its results are written).
+    """
+    if agreed(accelerator, batch or 0, every=1 if batch is None else 10):
+        raise EvaluationStopped(received() or "a peer's signal")

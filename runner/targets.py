@@ -91,8 +91,11 @@ def check_targets(cfg: Any) -> None:
 
 
 def _check_tracker_targets(cfg: Any) -> None:
-    """Each tracker node with a ``_target_`` names a GeneralTracker subclass (its import and keys are checked
-    with every target's)."""
+    """Each tracker node with a ``_target_`` names a GeneralTracker subclass and sets every parameter its
+    constructor requires (its import and keys are checked with every target's).
+
+    Only trackers are checked for missing parameters: the runner builds a tracker from its node alone, whereas
+    a recipe completes other nodes itself (an optimizer's parameters, a GPT's vocabulary size)."""
     from runner.config import TRACKERS
 
     trackers = (cfg.get("tracker") if hasattr(cfg, "get") else None) or {}
@@ -106,6 +109,41 @@ def _check_tracker_targets(cfg: Any) -> None:
                 f"tracker.{name}._target_={node['_target_']} is not a tracker; name a subclass of "
                 "runner.engine.GeneralTracker (with a name, and log(values, step))."
             )
+        if node.get("_partial_"):
+            raise ConfigError(
+                f"tracker.{name}._partial_=true: the runner builds the tracker itself, whole; remove _partial_ and "
+                "set its parameters in the node."
+            )
+        _check_required_parameters(target, node, key=f"tracker.{name}", path=node["_target_"])
+
+
+def _check_required_parameters(target: Any, node: dict, *, key: str, path: str) -> None:
+    """Raise :class:`ConfigError` naming the parameters of ``target`` without a default that ``node`` neither sets
+    nor passes in ``_args_``."""
+    try:
+        parameters = list(inspect.signature(target).parameters.values())
+    except (TypeError, ValueError):
+        return  # no signature to compare with
+    given = node.get("_args_")
+    positional = len(given) if isinstance(given, (list, tuple)) else 0
+    missing = [
+        parameter
+        for index, parameter in enumerate(parameters)
+        if parameter.default is inspect.Parameter.empty
+        and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        and not (index < positional and parameter.kind is not inspect.Parameter.KEYWORD_ONLY)
+        and not (parameter.name in node and parameter.kind is not inspect.Parameter.POSITIONAL_ONLY)
+    ]
+    if not missing:
+        return
+    names = [parameter.name for parameter in missing]
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    first = missing[0]
+    example = f"{key}._args_=[...]" if first.kind is inspect.Parameter.POSITIONAL_ONLY else f"{key}.{first.name}=..."
+    raise ConfigError(
+        f"{key}: {path} requires {listed}, which the node does not set (no default); set "
+        f"{'it' if len(names) == 1 else 'them'} in the node, e.g. +{example}"
+    )
 
 
 def check_recipe(recipe: str) -> None:

@@ -211,6 +211,48 @@ def _check_trackers(cfg: DictConfig) -> None:
     mode = OmegaConf.select(cfg, "tracker.wandb.mode")
     if "wandb" in trackers and mode not in WANDB_MODES:
         one_of("tracker.wandb.mode", mode, WANDB_MODES)
+    if "mlflow" in trackers:
+        _check_tracking_uri(OmegaConf.select(cfg, "tracker.mlflow.tracking_uri"))
+
+
+# Where MLflow keeps runs, by the tracking URI's scheme: SQLAlchemy databases (sqlite:///<file>, or a database
+# server's URL, postgresql+psycopg2://... included), a folder, an MLflow server, Databricks. The runner checks
+# the SQLite file's and the folder's place, and reaches the server, before launch (trackers.check_reachable).
+_DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
+_TRACKING_URIS = (
+    "use sqlite:///<file>.db, http(s)://<server>, databricks, file:<folder>, a database URL (postgresql://...), "
+    "or null for sqlite:///<run folder>/mlflow.db"
+)
+
+
+def _check_tracking_uri(uri: Any) -> None:
+    """``tracker.mlflow.tracking_uri`` is null or a URI MLflow keeps runs at: anything else (a typo, a scheme
+    MLflow has no store for, a plain path) would leave the run without the tracker it asked for."""
+    from urllib.parse import urlsplit
+
+    if uri is None:
+        return
+    if not isinstance(uri, str):
+        raise ConfigError(
+            f"tracker.mlflow.tracking_uri={uri!r} must be a string, not {type(uri).__name__}; {_TRACKING_URIS}."
+        )
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if scheme == "sqlite":
+        takes = uri.startswith("sqlite:///") and bool(uri.removeprefix("sqlite:///").partition("?")[0])
+        reason = "a SQLite database is sqlite:/// then the file's path"
+    elif scheme == "file":
+        takes = parts.netloc in ("", "localhost") and bool(parts.path)
+        reason = "a folder is file: then its path"
+    elif scheme in ("http", "https") or scheme.partition("+")[0] in _DATABASE_SCHEMES:
+        takes, reason = bool(parts.hostname), "it names no host"
+    elif scheme == "databricks" or uri == "databricks":
+        takes, reason = uri == "databricks" or bool(parts.netloc), "databricks://<profile> names no profile"
+    else:
+        takes = False
+        reason = f"MLflow has no store for the scheme {scheme}" if scheme else "it has no scheme"
+    if not takes:
+        raise ConfigError(f"tracker.mlflow.tracking_uri={uri} is not a tracking URI ({reason}); {_TRACKING_URIS}.")
 
 
 def _check_option_values(cfg: DictConfig) -> None:

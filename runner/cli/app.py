@@ -94,7 +94,7 @@ def main(cfg: DictConfig, command: CommandLine | None = None) -> float | None:
     except ConfigError as error:
         _fail(job, USAGE_ERROR, str(error))
     except preemption.Preempted as stop:
-        message = _stopped(stop, str(project_dir), sweep=job is not None)
+        message = _stopped(stop, str(project_dir), sweep=job is not None, evaluation=bool(cfg.get("evaluate_only")))
         if job is not None:
             job.stop(message)  # the whole sweep stops: the scheduler wants the machine back
         print(f"runner: {message}", file=sys.stderr)
@@ -191,8 +191,13 @@ def _fail(job, code: int, message: str, *, record: bool = True) -> NoReturn:
     raise JobFailed(message) from None
 
 
-def _stopped(stop, project_dir: str, *, sweep: bool = False) -> str:
+def _stopped(stop, project_dir: str, *, sweep: bool = False, evaluation: bool = False) -> str:
     """One sentence for a preempted run: what stopped it, what was saved, and how to continue."""
+    if evaluation:  # runner eval writes its results at its end only (preemption.stop_evaluation)
+        return (
+            f"evaluation stopped by {stop.signal_name}; the run in {project_dir} is as it was (no eval-*.json was "
+            f"written); run the same runner eval command again to evaluate it (exit code {preemption.EXIT_CODE})."
+        )
     from runner.engine.checkpoint import checkpoints_dir, newest_intact_checkpoint
 
     newest, _ = newest_intact_checkpoint(checkpoints_dir(project_dir), verify_checksums=False)

@@ -3,6 +3,7 @@ Hugging Face datasets, on 1 and 2 processes; the run's model folder loads with `
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -354,7 +355,7 @@ def test_a_streamed_corpus_resumes_from_the_streams_state_bit_for_bit(tmp_path, 
     position = manifest["dataloaders"][0]  # the train loader's (then the eval loader's)
     assert position["samples_seen"] == 20 * 16 * (2 if parallel == "ddp" else 1)
     if workers:  # each worker's Packed state, over its own shard
-        states = position["worker_states"]["workers"]
+        states = [saved["stream_state"] for saved in position["worker_states"]["workers"]]
         assert len(states) == 2 and all(state["documents"] > 0 and state["source"] is not None for state in states)
     else:  # Packed's: the lines read, the bytes carried over, the HF stream's own state
         state = position["dataset_state"]
@@ -366,3 +367,27 @@ def test_a_streamed_corpus_resumes_from_the_streams_state_bit_for_bit(tmp_path, 
     expected, got = (load_file(run / "model" / "model.safetensors") for run in (whole, cut))
     assert [k for k in expected if not torch.equal(expected[k], got[k])] == []
     assert metrics(cut) == metrics(whole)
+
+
+def test_export_of_a_handed_over_run_copies_no_link_and_builds_config_json_from_plain_values(
+    tmp_path, one_process, capsys
+):
+    handed = tmp_path / "handed"
+    shutil.copytree(one_process, handed, symlinks=True)
+    signing_key = tmp_path / "signing.key"
+    signing_key.write_text("0123456789abcdef")
+    (handed / "model" / "config.json").unlink()
+    (handed / "model" / "config.json").symlink_to(signing_key)
+    assert export([str(handed), "--to", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"runner export: error: {handed / 'model' / 'config.json'} is a symbolic link (to {signing_key}); a run folder "
+        "holds no links, so remove it or copy the run with links resolved (cp -rL).\n"
+    )
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["handed", "signing.key"]
+    # unfinished (no model/ yet): config.json is built from the run's model.config node, and loads
+    shutil.rmtree(handed / "model")
+    assert export([str(handed), "--to", str(tmp_path / "built")]) == 0
+    built = json.loads((tmp_path / "built" / "config.json").read_text())
+    assert {key: built[key] for key in TINY} == TINY and built["architectures"] == ["GPT2LMHeadModel"]
+    loaded, info = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "built", output_loading_info=True)
+    assert all(not keys for keys in info.values()), info

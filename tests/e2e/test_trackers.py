@@ -188,3 +188,74 @@ def test_own_tracker_gets_every_call_and_a_failing_one_is_warned_about_once(trac
     assert "Traceback" not in stderr
     final = metrics(run)
     assert final["step"] == END and math.isfinite(final["eval/loss"])  # metrics.json is complete
+
+
+def _contents(run) -> dict[str, str]:
+    """Every file of the run folder but its log, by its path in the folder: its digest."""
+    import hashlib
+
+    files = (path for path in sorted(run.rglob("*")) if path.is_file() and path.name != "run.log")
+    return {str(path.relative_to(run)): hashlib.sha256(path.read_bytes()).hexdigest() for path in files}
+
+
+def test_runner_eval_stopped_by_sigterm_says_so_and_leaves_the_run_as_it_was(tracked):
+    import os
+    import signal
+    import time
+
+    from tests.preloaded import start_module
+
+    base, run, _ = tracked
+    before, log = _contents(run), (run / "run.log").read_text()
+    # All of the test split in small batches: the evaluation runs for seconds, so the signal comes during it.
+    evaluation = start_module(
+        "runner", "eval", str(run), 'data.eval_split="test[:10000]"', "data.eval_batch_size=64",
+        cwd=base, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while "Resumed at step" not in (run / "run.log").read_text()[len(log) :]:  # the evaluation starts next
+        assert evaluation.poll() is None, evaluation.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the evaluation never started"
+        time.sleep(0.1)
+    evaluation.send_signal(signal.SIGTERM)
+    _, stderr = evaluation.communicate(timeout=120)
+    assert evaluation.returncode == 75, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (
+        f"runner: evaluation stopped by SIGTERM; the run in {run} is as it was (no eval-*.json was written); run the "
+        "same runner eval command again to evaluate it (exit code 75)."
+    )
+    assert "Traceback" not in stderr
+    assert _contents(run) == before and not list(run.glob("eval-*"))
+    assert (run / "run.log").read_text().startswith(log)  # what the evaluation logged is added, nothing replaced
+
+
+def test_tracker_settings_that_cannot_work_are_one_sentence_before_launch(tracked, tmp_path):
+    from tests.e2e.conftest import run_cli_refusals
+
+    base, _, _ = tracked
+    common = [*mnist_args("test[:64]", "test[9990:]"), "trainer.max_steps=1", f"hydra.run.dir={tmp_path / 'run'}"]
+    refused = run_cli_refusals(
+        [
+            [*common, "+tracker.file._target_=my_trackers.FileTracker"],  # its constructor needs a path
+            [*common, "tracker=mlflow", "tracker.mlflow.tracking_uri='ftp://host/x'"],
+            [*common, "tracker=mlflow", "tracker.mlflow.tracking_uri=5"],
+            [*common, "tracker=mlflow", "tracker.mlflow.tracking_uri='sqlite:////proc/nope/x.db'"],
+        ],
+        cwd=base,
+    )
+    uris = (
+        "use sqlite:///<file>.db, http(s)://<server>, databricks, file:<folder>, a database URL (postgresql://...), "
+        "or null for sqlite:///<run folder>/mlflow.db."
+    )
+    assert [(result["returncode"], result["stderr"].strip().splitlines()[-1]) for result in refused] == [
+        (2, "runner: error: tracker.file: my_trackers.FileTracker requires path, which the node does not set (no "
+            "default); set it in the node, e.g. +tracker.file.path=..."),
+        (2, "runner: error: tracker.mlflow.tracking_uri=ftp://host/x is not a tracking URI (MLflow has no store for "
+            f"the scheme ftp); {uris}"),
+        (2, f"runner: error: tracker.mlflow.tracking_uri=5 is not a tracking URI (it has no scheme); {uris}"),
+        (2, "runner: error: tracker.mlflow.tracking_uri=sqlite:////proc/nope/x.db: the folder /proc/nope does not "
+            "exist and cannot be made in /proc (No such file or directory); choose a folder this user can write, or "
+            "leave tracking_uri null for a SQLite file in the run folder."),
+    ]  # fmt: skip
+    assert not any("Traceback" in result["stderr"] for result in refused)
+    assert not (tmp_path / "run" / "metrics.json").exists()  # nothing ran

@@ -350,3 +350,94 @@ def test_an_fsdp_config_saved_before_the_mesh_keys_is_still_valid():
     cfg = OmegaConf.merge(OmegaConf.structured(RunnerConfig), saved)  # as resume reads a run's config
     OmegaConf.set_struct(cfg, True)
     validate(cfg)
+
+
+_TRACKING_URIS = (
+    "use sqlite:///<file>.db, http(s)://<server>, databricks, file:<folder>, a database URL (postgresql://...), or "
+    "null for sqlite:///<run folder>/mlflow.db."
+)
+
+
+@pytest.mark.parametrize(
+    ("uri", "reason"),
+    [
+        ("ftp://host/x", "MLflow has no store for the scheme ftp"),
+        ("5", "it has no scheme"),  # what the schema makes of tracking_uri=5: MLflow would take it for a folder
+        ("runs/mlflow", "it has no scheme"),
+        ("sqlite://", "a SQLite database is sqlite:/// then the file's path"),
+        ("file://otherhost/runs", "a folder is file: then its path"),
+        ("http://", "it names no host"),
+        ("databricks://", "databricks://<profile> names no profile"),
+    ],
+)
+def test_a_tracking_uri_mlflow_cannot_keep_runs_at_is_refused_before_launch(uri, reason):
+    with pytest.raises(ConfigError) as info:
+        check_overrides(["tracker=mlflow", f"tracker.mlflow.tracking_uri='{uri}'"], targets=False)
+    assert str(info.value) == f"tracker.mlflow.tracking_uri={uri} is not a tracking URI ({reason}); {_TRACKING_URIS}"
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [None, "sqlite:///mlflow.db", "sqlite:////proc/nope/x.db", "file:///tmp/mlruns", "http://localhost:5000",
+     "https://mlflow.example.com", "databricks", "databricks://work", "postgresql+psycopg2://user@db.example.com/mlflow"],
+)  # fmt: skip
+def test_the_tracking_uris_mlflow_takes_pass_validation(uri):
+    # The place of a SQLite file or a folder, and a server, are checked at launch (trackers.check_reachable).
+    cfg = composed("tracker=mlflow")
+    cfg.tracker.mlflow.tracking_uri = uri
+    validate(cfg)
+
+
+def test_a_tracking_uri_that_is_not_a_string_names_its_type():
+    cfg = composed("tracker=mlflow")
+    OmegaConf.set_struct(cfg, False)
+    cfg.tracker.mlflow = {"tracking_uri": 5, "experiment_name": "runner"}  # untyped, as a config built by hand
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    assert str(info.value) == f"tracker.mlflow.tracking_uri=5 must be a string, not int; {_TRACKING_URIS}"
+
+
+def _resumed_with_trackers(tmp_path, trackers: dict):
+    from runner.cli.resume import resumed_config
+
+    saved = OmegaConf.to_container(composed(), resolve=False)
+    saved["tracker"] = trackers
+    OmegaConf.save(OmegaConf.create(saved), tmp_path / "config.yaml")
+    return resumed_config(tmp_path, [])
+
+
+def test_a_run_folders_mlflow_and_wandb_nodes_are_typed_with_their_schemas_and_get_the_keys_they_lack(tmp_path):
+    cfg = _resumed_with_trackers(tmp_path, {"mlflow": {"tracking_uri": "sqlite:///a.db"}, "wandb": None})
+    assert OmegaConf.to_container(cfg.tracker) == {
+        "mlflow": {"tracking_uri": "sqlite:///a.db", "experiment_name": "runner", "run_name": None, "group": None,
+                   "tags": {}, "log_model": True},
+        "wandb": {"project": "runner", "entity": None, "mode": "online", "dir": None, "name": None, "group": None,
+                  "tags": [], "log_model": True},
+    }  # fmt: skip
+    validate(cfg)
+
+
+@pytest.mark.parametrize(
+    ("node", "message"),
+    [
+        (
+            {"tracking_uri": "sqlite:///a.db", "upload": "everything"},
+            "tracker.mlflow.upload in the run's saved config is not valid (Key 'upload' not in 'MLflowTrackerConfig'); "
+            "correct the checkpoint's config.yaml (conf/tracker/mlflow.yaml shows the keys).",
+        ),
+        (
+            {"experiment_name": {"nested": 1}},
+            "tracker.mlflow.experiment_name in the run's saved config is not valid (Cannot convert 'DictConfig' to "
+            "string: '{'nested': 1}'); correct the checkpoint's config.yaml (conf/tracker/mlflow.yaml shows the keys).",
+        ),
+        (
+            "sqlite:///a.db",
+            "tracker.mlflow='sqlite:///a.db' in the run's saved config is not a mapping of its keys; correct the "
+            "checkpoint's config.yaml (conf/tracker/mlflow.yaml shows the keys).",
+        ),
+    ],
+)
+def test_a_run_folders_tracker_node_its_schema_refuses_is_one_sentence(tmp_path, node, message):
+    with pytest.raises(ConfigError) as info:
+        _resumed_with_trackers(tmp_path, {"mlflow": node})
+    assert str(info.value) == message

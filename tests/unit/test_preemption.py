@@ -130,3 +130,36 @@ def test_no_process_signalled_means_no_stop():
     accelerator = _Accelerator(2)
     assert not any(preemption.agreed(accelerator, step) for step in range(1, 31))
     assert len(accelerator.reductions) == 3
+
+
+# ------------------------------------------------------------------------------------------------ runner eval
+def test_alone_an_evaluation_stops_at_the_batch_after_the_signal_before_writing_anything():
+    accelerator = _Accelerator(1)
+    preemption.watch()
+    for batch in range(3):
+        preemption.stop_evaluation(accelerator, batch)
+    os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(preemption.EvaluationStopped) as stopped:
+        preemption.stop_evaluation(accelerator, 3)
+    assert isinstance(stopped.value, preemption.Preempted)  # the launcher exits with EXIT_CODE, as for training
+    assert str(stopped.value) == "the evaluation stopped by SIGTERM before writing its results"
+    assert (stopped.value.signal_name, stopped.value.step) == ("SIGTERM", -1)
+    assert accelerator.reductions == []
+
+
+def test_several_processes_agree_every_tenth_batch_and_once_more_after_the_last():
+    accelerator = _Accelerator(2, others_flag=1.0)  # another process was signalled
+    for batch in range(1, 10):
+        preemption.stop_evaluation(accelerator, batch)  # no collective between the agreed batches
+    assert accelerator.reductions == []
+    with pytest.raises(preemption.EvaluationStopped, match="^the evaluation stopped by a peer's signal before"):
+        preemption.stop_evaluation(accelerator)  # after the last batch, whatever its number
+    assert accelerator.reductions == [([0.0], "sum")]
+
+
+def test_an_evaluation_no_process_was_signalled_in_runs_to_its_end():
+    accelerator = _Accelerator(2)
+    for batch in range(25):
+        preemption.stop_evaluation(accelerator, batch)
+    preemption.stop_evaluation(accelerator)
+    assert len(accelerator.reductions) == 4  # batches 0, 10, 20, and after the last

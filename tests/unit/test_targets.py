@@ -335,6 +335,83 @@ def test_a_torch_target_with_an_unknown_keyword():
     )
 
 
+# --------------------------------------------------------------------------------------------- trackers
+TRACKERS = """
+    from runner.engine.tracking.base import GeneralTracker
+
+
+    class FileTracker(GeneralTracker):
+        name = "file"
+
+        def __init__(self, path, fail_at, *, token, level=1):
+            super().__init__()
+
+        def log(self, values, step=None, **kwargs):
+            pass
+
+
+    class Scalar(GeneralTracker):
+        name = "scalar"
+
+        def __init__(self, scale, /):
+            super().__init__()
+
+        def log(self, values, step=None, **kwargs):
+            pass
+"""
+
+
+@pytest.fixture
+def mytrackers(mylab: Path) -> Path:
+    (mylab / "trackers.py").write_text(textwrap.dedent(TRACKERS))
+    return mylab
+
+
+def test_a_tracker_whose_constructor_needs_what_its_node_does_not_set_is_one_sentence(mytrackers):
+    assert message({"tracker": {"mine": {"_target_": "mylab.trackers.FileTracker"}}}) == (
+        "tracker.mine: mylab.trackers.FileTracker requires path, fail_at and token, which the node does not set "
+        "(no default); set them in the node, e.g. +tracker.mine.path=..."
+    )
+    assert message({"tracker": {"mine": {"_target_": "mylab.trackers.FileTracker", "_args_": ["a.jsonl", 3]}}}) == (
+        "tracker.mine: mylab.trackers.FileTracker requires token, which the node does not set (no default); set it in "
+        "the node, e.g. +tracker.mine.token=..."
+    )
+    assert message({"tracker": {"mine": {"_target_": "mylab.trackers.Scalar", "scale": 2}}}).startswith(
+        "tracker.mine.scale is not a parameter of mylab.trackers.Scalar; it takes no keyword arguments (scale is "
+        "positional-only"
+    )
+    assert message({"tracker": {"mine": {"_target_": "mylab.trackers.Scalar"}}}) == (
+        "tracker.mine: mylab.trackers.Scalar requires scale, which the node does not set (no default); set it in the "
+        "node, e.g. +tracker.mine._args_=[...]"
+    )
+
+
+def test_a_tracker_node_that_sets_what_its_constructor_needs_passes(mytrackers):
+    by_name = {"_target_": "mylab.trackers.FileTracker", "path": "${oc.env:HOME}/a.jsonl", "fail_at": 3, "token": "t"}
+    by_position = {"_target_": "mylab.trackers.FileTracker", "_args_": ["a.jsonl", 3], "token": "t"}
+    scalar = {"_target_": "mylab.trackers.Scalar", "_args_": [2]}
+    trackers = {"tensorboard": {}, "file": by_name, "by_position": by_position, "scalar": scalar}
+    check_targets(OmegaConf.create({"tracker": trackers}))
+
+
+def test_a_partial_tracker_node_is_refused(mytrackers):
+    node = {"_target_": "mylab.trackers.Scalar", "_args_": [2], "_partial_": True}
+    assert message({"tracker": {"mine": node}}) == (
+        "tracker.mine._partial_=true: the runner builds the tracker itself, whole; remove _partial_ and set its "
+        "parameters in the node."
+    )
+
+
+def test_other_targets_may_leave_required_parameters_to_the_recipe(mylab):
+    pytest.importorskip("torch")
+    check_targets(
+        {
+            "model": {"_target_": "mylab.models.Resize"},  # size: passed by the recipe (as GPT's vocab_size)
+            "optimizer": {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3},  # params: the model's
+        }
+    )
+
+
 # ------------------------------------------------------------------------------------------------- cost
 def test_importing_runner_targets_does_not_import_torch():
     root = Path(__file__).resolve().parents[2]

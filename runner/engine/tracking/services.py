@@ -45,6 +45,9 @@ class MLflowTracker(GeneralTracker):
     (MLflow forbids it); a changed value is recorded as the tag ``changed_on_resume.<name>``.
     Text goes to ``<name>/step_<step>.txt`` artifacts; ``unwrap=True`` gives the ``MlflowClient``
     (the run is ``run_id``).
+
+    Once it starts, what MLflow and the libraries under it log goes to the root logger's log files only (the
+    runner's ``run.log``), not to the console (:func:`keep_store_logs_off_the_console`).
     """
 
     name = "mlflow"
@@ -83,6 +86,7 @@ class MLflowTracker(GeneralTracker):
         import mlflow
         from mlflow import MlflowClient
 
+        keep_store_logs_off_the_console()  # after MLflow's import, which gives its loggers a console handler
         if self.nested_run and self.parent_run_id is None and (active := mlflow.active_run()) is not None:
             self.parent_run_id = active.info.run_id
         with _locked(self.store_lock):  # the client opens the store: a new SQLite file gets its tables now
@@ -183,6 +187,27 @@ class MLflowTracker(GeneralTracker):
 
 
 GROUP_TAG = "runner.group"  # MLflow: the tag naming a group's parent run
+# The loggers of MLflow and of the libraries it keeps runs through: its database store (SQLAlchemy, Alembic's
+# migrations, Huey's job queue) and its server's HTTP client (urllib3's retries).
+STORE_LOGGERS = ("mlflow", "sqlalchemy", "alembic", "huey", "urllib3")
+
+
+def keep_store_logs_off_the_console() -> None:
+    """Send what :data:`STORE_LOGGERS` log to the root logger's log files only (nowhere if it has none).
+
+    A store that fails (a SQLite file that cannot be written, a server gone) is reported by the trackers'
+    thread as one warning; MLflow logs the same failure first, with its SQLAlchemy traceback (some 90 lines), and
+    urllib3 a line per retry. Those stay in the log file for whoever looks into the failure. MLflow gives some
+    of these loggers a console handler of their own when it is imported: every logger of theirs that has
+    handlers gets the files instead.
+    """
+    files = [handler for handler in logging.getLogger().handlers if isinstance(handler, logging.FileHandler)]
+    names = [name for name in logging.root.manager.loggerDict if name.split(".")[0] in STORE_LOGGERS]
+    for name in {*STORE_LOGGERS, *names}:
+        library = logging.getLogger(name)
+        if name in STORE_LOGGERS or library.handlers:
+            library.handlers = list(files) or [logging.NullHandler()]
+            library.propagate = False
 
 
 @contextlib.contextmanager

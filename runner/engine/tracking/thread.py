@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import re
 import threading
 from typing import Any
 
@@ -52,10 +53,18 @@ def _cpu_copies(items: list | tuple):
 PLAIN_TYPES = frozenset({float, int, str})  # logged as they are: nothing to read off a tensor
 
 
+_REMARK = re.compile(r"\([^()]*\)")  # a line that is only a remark in parentheses
+
+
 def describe(error: BaseException) -> str:
-    """``Type: first line of the message``: how a tracker's failure is reported."""
-    message = str(error).splitlines()[0] if str(error) else ""
-    return f"{type(error).__name__}: {message}"
+    """``Type: first line of the message``: how a tracker's failure is reported.
+
+    Lines that are wholly a remark in parentheses are passed over: SQLAlchemy opens a message with one
+    ("(raised as a result of Query-invoked autoflush; ...)") before the line that says what failed.
+    """
+    lines = str(error).splitlines()
+    said = [line for line in lines if not _REMARK.fullmatch(line.strip())] or lines
+    return f"{type(error).__name__}: {said[0] if said else ''}"
 
 
 def warn_dropped(name: str, reason: str) -> None:

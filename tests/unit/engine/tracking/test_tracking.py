@@ -5,6 +5,7 @@ trackers' background thread (runner/engine/tracking/thread.py) and of their help
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -369,6 +370,59 @@ def test_mlflow_nested_run_goes_under_the_run_active_in_this_process(tmp_path):
         assert mlflow.MlflowClient(uri).get_run(inner.run_id).data.tags["mlflow.parentRunId"] == outer.info.run_id
     finally:
         mlflow.set_tracking_uri(None)
+
+
+@pytest.fixture
+def store_loggers_restored():
+    """The loggers MLflowTracker.start reroutes (MLflow's, SQLAlchemy's, ...), as they were before the test."""
+    from runner.engine.tracking.services import STORE_LOGGERS
+
+    def ours() -> dict[str, logging.Logger]:
+        names = [name for name in logging.root.manager.loggerDict if name.split(".")[0] in STORE_LOGGERS]
+        return {name: logging.getLogger(name) for name in {*STORE_LOGGERS, *names}}
+
+    saved = {name: (list(logger.handlers), logger.propagate) for name, logger in ours().items()}
+    yield
+    for name, logger in ours().items():
+        logger.handlers, logger.propagate = saved.get(name, ([], True))
+
+
+def _read_only_mlflow_store(tmp_path) -> str:
+    """An MLflow SQLite store this process opens but cannot write (SQLite's read-only mode): every write fails
+    with SQLAlchemy's OperationalError, as on a file whose permissions or disk went away."""
+    from mlflow import MlflowClient
+
+    database = tmp_path / "mlflow.db"
+    MlflowClient(f"sqlite:///{database}").create_experiment("exp")  # its tables, written before it goes read-only
+    return f"sqlite:///file:{database}?mode=ro&uri=true"
+
+
+@pytest.mark.parametrize("helper", [TrackerThread, TrackerProcess])
+def test_a_failing_mlflow_store_is_one_warning_on_the_console_and_its_traceback_goes_to_the_log_file(
+    tmp_path, helper, capfd, store_loggers_restored
+):
+    uri = _read_only_mlflow_store(tmp_path)
+    root = logging.getLogger()
+    log_file, console = logging.FileHandler(tmp_path / "run.log"), logging.StreamHandler(sys.stderr)
+    root.addHandler(log_file)
+    root.addHandler(console)
+    capfd.readouterr()
+    try:
+        trackers = helper([MLflowTracker("exp", tracking_uri=uri)])
+        trackers.call("start")
+        trackers.log({"loss": 1.0}, 1, None)
+        trackers.close()
+    finally:
+        root.removeHandler(console)
+        root.removeHandler(log_file)
+        log_file.close()
+    assert capfd.readouterr().err.splitlines() == [
+        "The mlflow tracker failed (MlflowException: (sqlite3.OperationalError) attempt to write a readonly database) "
+        "and logs nothing more in this run; training goes on, and metrics.json and the other trackers keep every value."
+    ]  # MLflow's own report of it, with SQLAlchemy's traceback (some 90 lines), printed before it until now
+    logged = (tmp_path / "run.log").read_text()
+    assert "Traceback (most recent call last)" in logged and "SQLAlchemy database error" in logged
+    assert logged.rstrip().endswith("the other trackers keep every value.")
 
 
 # ---------------------------------------------------------------------------------------------- W&B
