@@ -97,3 +97,12 @@ def sync_tree(folder: str | os.PathLike) -> None:
             if not os.path.islink(os.path.join(root, name)):
                 fsync_path(os.path.join(root, name))
     fsync_path(folder)
+
+
+def hard_link_sentence(path: Path, names: int, *, then: str) -> str:
+    """The one sentence for a file of a run folder that has other names (a hard link, ``names`` of them): reading it
+    reads a file that may not be the run's. ``then`` says what to do with the copy."""
+    return (
+        f"{path} is a hard link (its file has {names} names, any of them perhaps outside the run); a run folder holds "
+        f"only files of its own, so copy the run with cp -r, which writes each file anew, and {then}."
+    )

@@ -18,6 +18,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from runner.files import hard_link_sentence
+from runner.foreign_config import PURE_RESOLVERS, RESOLVER
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # A staging folder's name says which machine and process writes it, so that a later export tells one a killed
 # export left (its process gone) from one being written now, here or by another machine sharing the disk.
@@ -34,8 +37,8 @@ _REFERENCES = (
         r"(?:,[^${}\\]*)?\}"
     ),
 )
-_PURE_RESOLVERS = ("oc.select", "oc.dict.keys", "oc.dict.values", "oc.deprecated")
-_RESOLVER = re.compile(r"\$\{\s*([A-Za-z_][\w.\-]*)\s*:")
+# now: registered by Hydra's app only, so it cannot resolve here
+_PURE_RESOLVERS = tuple(name for name in PURE_RESOLVERS if name != "now")
 
 
 class ExportError(Exception):
@@ -178,11 +181,7 @@ def _refuse_link(path: Path, info: os.stat_result) -> None:
     if stat.S_ISLNK(info.st_mode):
         raise _symbolic_link_error(path)
     if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
-        raise ExportError(
-            f"{path} is a hard link (its file has {info.st_nlink} names, any of them perhaps outside the run); a run "
-            "folder holds only files of its own, so copy the run with cp -r, which writes each file anew, and export "
-            "the copy."
-        )
+        raise ExportError(hard_link_sentence(path, info.st_nlink, then="export the copy"))
 
 
 def _symbolic_link_error(path: Path) -> ExportError:
@@ -272,7 +271,7 @@ def _references(
         keys += [(_referenced(path, key), required) for key in pattern.findall(rest)]
         rest = pattern.sub("", rest)
     if "${" in rest:
-        resolvers = sorted(_RESOLVER.findall(rest), key=lambda name: name in _PURE_RESOLVERS)  # the culprit first
+        resolvers = sorted(RESOLVER.findall(rest), key=lambda name: name in _PURE_RESOLVERS)  # the culprit first
         what = f"uses the resolver {resolvers[0]}" if resolvers else f"is {value}, not a reference export resolves"
         raise ExportError(
             f"{config_file}: {'.'.join(path)} {what}, which export never resolves (the config.json it writes is meant "

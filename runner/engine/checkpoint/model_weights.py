@@ -42,6 +42,7 @@ from runner.engine.constants import (
     SAFE_WEIGHTS_NAME,
     indexed_name,
 )
+from runner.files import hard_link_sentence
 
 logger = logging.getLogger("runner")
 
@@ -270,11 +271,7 @@ def check_not_linked(path: Path) -> None:
             "links resolved (cp -rL) and point at the copy."
         )
     if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
-        raise CheckpointError(
-            f"{path} is a hard link (its file has {info.st_nlink} names, any of them perhaps outside the run); a run "
-            "folder holds only files of its own, so copy the run with cp -r, which writes each file anew, and point "
-            "at the copy."
-        )
+        raise CheckpointError(hard_link_sentence(path, info.st_nlink, then="point at the copy"))
 
 
 def _plain_file(path: Path) -> Path:
