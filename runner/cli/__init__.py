@@ -106,7 +106,7 @@ def _eval_command(argv: list[str]) -> list[str]:
         trains = [
             line
             for line in lines
-            if parsed.key(line) == "evaluate_only" and parsed.value([line], "evaluate_only") != "true"
+            if parsed.key(line) == "evaluate_only" and str(parsed.value([line], "evaluate_only")).lower() != "true"
         ]
     except ConfigError as error:
         print(f"runner: error: {error}", file=sys.stderr)

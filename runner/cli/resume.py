@@ -47,7 +47,8 @@ def from_command_line(path: str, overrides: list[str], *, search_path: list[str]
 
     run_dir, checkpoint = find_checkpoint(path)
     # Before anything of the folder's config is composed, validated or imported: it may name code.
-    verb = "eval" if parsed.value(overrides, "evaluate_only") == "true" else "resume"  # runner eval's command line
+    evaluates = str(parsed.value(overrides, "evaluate_only")).lower() == "true"  # runner eval's command line
+    verb = "eval" if evaluates else "resume"
     check_resumable(checkpoint, path=path, overrides=overrides, search_path=search_path, command=verb)
     switched = [line for line, override in zip(overrides, parsed.parse(overrides), strict=True)
                 if override.key_or_group in CONFIG_GROUPS]  # fmt: skip

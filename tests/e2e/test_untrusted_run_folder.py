@@ -189,14 +189,18 @@ def mlflow_server(tmp_path_factory):
     server.process.wait(timeout=30)
 
 
-def _foreign(here, run, name, edit):
-    """A copy of ``run`` whose newest checkpoint's config ``edit`` changed, its manifest digests recomputed: what
-    anyone could make of a folder (the manifest's digest is not keyed; only your signature is)."""
+def _foreign(here, run, name, edit, *, tracker="none"):
+    """A copy of ``run`` whose newest checkpoint's config ``edit`` changed (and its saved command line chose
+    ``tracker``), its manifest digests recomputed: what anyone could make of a folder (the manifest's digest is not
+    keyed; only your signature is)."""
     folder, checkpoint, config = _their_copy(here, run, name)
     plain = OmegaConf.to_container(config)
     edit(plain)
     OmegaConf.save(OmegaConf.create(plain), checkpoint / "config.yaml")
-    rewrite_manifest(checkpoint, relist=["config.yaml"])
+    saved = OmegaConf.to_container(OmegaConf.load(checkpoint / "overrides.yaml"))
+    saved = [f"tracker={tracker}" if line == "tracker=none" else line for line in saved]
+    OmegaConf.save(OmegaConf.create(saved), checkpoint / "overrides.yaml")
+    rewrite_manifest(checkpoint, relist=["config.yaml", "overrides.yaml"])
     return folder, checkpoint
 
 
@@ -219,7 +223,7 @@ def test_a_foreign_folder_reaches_no_code_environment_or_server_that_you_did_not
         return lambda config: config.update(tracker={"mlflow": {**mlflow_node, **extra}})
 
     got, got_checkpoint = _foreign(here, run, "getter", getter)
-    server, server_checkpoint = _foreign(here, run, "server", tracked(mlflow_server.url))
+    server, server_checkpoint = _foreign(here, run, "server", tracked(mlflow_server.url), tracker="mlflow")
     token, token_checkpoint = _foreign(
         here, run, "token", tracked(f"sqlite:///{here / 'token' / 'mlflow.db'}", tags={"t": "${oc.env:HF_TOKEN,none}"})
     )
@@ -281,7 +285,7 @@ def test_a_foreign_folder_reaches_no_code_environment_or_server_that_you_did_not
     assert (untouched.data.params, untouched.data.metrics, untouched.info.status) == ({}, {}, "FINISHED")
     (new,) = client.search_runs([client.get_experiment_by_name("runner").experiment_id])
     assert new.info.run_id != colleague and new.data.params["trainer.max_steps"] == "6"
-    assert new.data.metrics["train/loss"] > 0 and "hf_victims_secret_token" not in json.dumps(new.data.params)
+    assert new.data.metrics["eval/loss"] > 0 and "hf_victims_secret_token" not in json.dumps(new.data.params)
     assert json.loads((server / "trackers.json").read_text())["mlflow"]["run_id"] == new.info.run_id
 
 
