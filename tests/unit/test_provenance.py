@@ -192,3 +192,35 @@ def test_a_key_others_can_read_or_that_is_a_link_signs_nothing(tmp_path, home):
     key_path().rename(tmp_path / "elsewhere.key")
     key_path().symlink_to(tmp_path / "elsewhere.key")
     assert not signed_by_you(checkpoint)
+
+
+def test_a_foreign_configs_destinations_are_refused_unless_local_or_typed(tmp_path):
+    from runner.foreign_config import destinations, environment_reads, installed_values
+
+    run = tmp_path / "sweep" / "3"
+    installed = installed_values([CONF_DIR])
+    local = {"tracker": {"mlflow": {"tracking_uri": f"sqlite:///{run / 'mlflow.db'}", "group": "theirs"}}}
+    assert destinations(local, run_dir=run, typed=[], installed=installed) == []  # the folder's own store
+    sweep = {"tracker": {"mlflow": {"tracking_uri": f"sqlite:///{run.parent / 'mlflow.db'}"}}}
+    assert destinations(sweep, run_dir=run, typed=[], installed=installed) == []  # its sweep's
+    elsewhere = {"tracker": {"mlflow": {"tracking_uri": f"sqlite:///{tmp_path / 'other' / 'mlflow.db'}"}}}
+    assert destinations(elsewhere, run_dir=run, typed=[], installed=installed) == [
+        f"tracker.mlflow.tracking_uri=sqlite:///{tmp_path / 'other' / 'mlflow.db'}"
+    ]
+    # A destination you type is yours; the folder's names in it must be your configs' values, or typed too.
+    wandb = {"tracker": {"wandb": {"mode": "online", "project": "runner", "entity": "their-team", "log_model": True}}}
+    assert destinations(wandb, run_dir=run, typed=[], installed=installed) == ["tracker.wandb.mode=online"]
+    typed = ["tracker.wandb.mode"]
+    assert destinations(wandb, run_dir=run, typed=typed, installed=installed) == ["tracker.wandb.entity=their-team"]
+    assert destinations(wandb, run_dir=run, typed=[*typed, "tracker.wandb"], installed=installed) == []
+    offline = {"tracker": {"wandb": {"mode": "offline", "entity": "their-team"}}}
+    assert destinations(offline, run_dir=run, typed=[], installed=installed) == []  # nothing leaves the machine
+
+    config = {
+        "tracker": {"mlflow": {"tags": {"t": "${oc.env:HF_TOKEN}", "when": "${now:%H}"}}},
+        "x": "${hydra:runtime.cwd}",
+    }
+    assert environment_reads(config, ["data.root=${oc.env:DATA}"], typed=["x"]) == [
+        "tracker.mlflow.tags.t uses the resolver oc.env",
+        "data.root uses the resolver oc.env",
+    ]  # x is replaced by the command line; now reads only the clock
