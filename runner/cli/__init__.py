@@ -37,7 +37,10 @@ def main() -> None:
 
         sys.exit(generate(sys.argv[2:]))
     if sys.argv[1:2] == ["eval"]:  # runner eval RUN [key=value ...]: resume=RUN evaluate_only=true, checked as one
+        from runner import preemption
+
         sys.argv = _eval_command(sys.argv[2:])
+        preemption.watch()  # a stop signal during the checks stops the evaluation before it starts, in one sentence
     from runner.cli.app import run_hydra  # Hydra's imports start here: after the dispatch, which needs none
     from runner.cli.command_line import parse_arguments, read
     from runner.cli.help import print_help

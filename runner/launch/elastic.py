@@ -75,8 +75,12 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
     logger.info(
         "Starting %d processes on this node (%d node(s)) with torch's elastic launcher", num_processes, num_nodes
     )
-    # torch's agent stops the workers gracefully on SIGTERM (they save and exit); SIGUSR1 means the same.
+    if (name := preemption.received()) is not None:  # recorded during the checks (runner eval watches from its start)
+        raise preemption.Preempted(name, step=-1)
+    # torch's agent stops the workers gracefully on SIGTERM (they save and exit); SIGUSR1 means the same. Until its
+    # processes start, a signal stops the launch the way the agent's own handler does, as a SignalException.
     previous = signal.signal(signal.SIGUSR1, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+    previous_term = signal.signal(signal.SIGTERM, _stop_launch)
     # Forked from the server started before the checks; a sweep's first job starts it here, and its later jobs
     # fork from it too. elastic_run hands each worker the environment of this launch.
     forkserver.start()
@@ -102,7 +106,15 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
         raise WorkerFailed(describe_failure(error.failures)) from None
     finally:
         signal.signal(signal.SIGUSR1, previous)
+        signal.signal(signal.SIGTERM, previous_term)
     return results.get(0)
+
+
+def _stop_launch(number: int, frame) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    sigval = signal.Signals(number)
+    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
 
 
 def _multinode_run_id(config: dict[str, Any]) -> str:

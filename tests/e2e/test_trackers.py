@@ -228,6 +228,22 @@ def test_runner_eval_stopped_by_sigterm_says_so_and_leaves_the_run_as_it_was(tra
     assert _contents(run) == before and not list(run.glob("eval-*"))
     assert (run / "run.log").read_text().startswith(log)  # what the evaluation logged is added, nothing replaced
 
+    # A signal during the checks, once the evaluation holds the folder and before any worker starts: the same.
+    log = (run / "run.log").read_text()
+    evaluation = start_module("runner", "eval", str(run), cwd=base, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lock = run / ".runner.lock"
+    while f'"pid": {evaluation.pid},' not in lock.read_text():
+        assert evaluation.poll() is None, evaluation.communicate()[1][-3000:]
+        assert time.monotonic() < deadline + 120, "the evaluation never took the folder"
+        time.sleep(0.01)
+    evaluation.send_signal(signal.SIGTERM)
+    _, stderr = evaluation.communicate(timeout=120)
+    assert evaluation.returncode == 75, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith("runner: evaluation stopped by SIGTERM; the run in")
+    assert "Traceback" not in stderr
+    assert _contents(run) == before and not list(run.glob("eval-*"))
+    assert (run / "run.log").read_text().startswith(log)
+
 
 def test_tracker_settings_that_cannot_work_are_one_sentence_before_launch(tracked, tmp_path):
     from tests.e2e.conftest import run_cli_refusals

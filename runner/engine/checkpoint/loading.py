@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from runner.engine.checkpoint.files import first_failure
@@ -62,7 +63,13 @@ class ListedCheckpoint:
         return {name[len(folder) + 1 :] for name in self.files if name.startswith(f"{folder}/")} - {DCP_METADATA_NAME}
 
     def load_tensors(self, name: str) -> dict[str, torch.Tensor]:
-        return load_safetensors(self.path / name)
+        try:
+            return load_safetensors(self.path / name)
+        except SafetensorError as error:  # its digest matches the manifest, so whoever wrote the manifest wrote it so
+            raise CheckpointError(
+                f"{self.path / name} is not a safetensors file ({error}); the checkpoint is damaged, so load a "
+                "different checkpoint."
+            ) from None
 
     def load_object(self, name: str, *, mapped: bool = False) -> Any:
         return torch_load(self.path / name, mapped=mapped)

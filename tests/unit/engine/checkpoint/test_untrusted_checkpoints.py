@@ -175,6 +175,16 @@ def test_names_outside_the_folder_are_refused_without_reading_them(tmp_path):
     )
 
 
+def test_weights_that_are_not_safetensors_but_match_a_rewritten_manifest_are_one_sentence(tmp_path):
+    folder = saved(tmp_path)
+    (folder / "model.safetensors").write_bytes(b"\xff" * 64)
+    rewrite_manifest(folder, relist=["model.safetensors"])
+    with pytest.raises(CheckpointError) as error:
+        prepared().load_state(folder)
+    assert str(error.value).startswith(f"{folder / 'model.safetensors'} is not a safetensors file (")
+    assert str(error.value).endswith("); the checkpoint is damaged, so load a different checkpoint.")
+
+
 def test_an_edited_manifest_is_refused_and_resume_falls_back_past_it(tmp_path):
     accelerator = prepared(project_dir=tmp_path)
     for _ in range(5):
