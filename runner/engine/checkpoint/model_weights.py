@@ -147,7 +147,7 @@ def _dcp_weights(folder: Path, listed) -> ModelWeights:
         for key, entry in read_dcp_metadata(folder, names).state_dict_metadata.items()
         if isinstance(entry, TensorStorageMetadata) and key.startswith(prefix)
     }
-    return ModelWeights(folder.parent, shapes, lambda wanted: load_full_model_state(folder, names))
+    return ModelWeights(folder.parent, shapes, lambda wanted: load_full_model_state(folder, names, names=wanted))
 
 
 def read_model_weights(source: str | Path, *, final_folder: str = "model") -> tuple[dict[str, torch.Tensor], Path]:

@@ -260,9 +260,12 @@ def load_model(source: Path | dict[str, torch.Tensor], model: nn.Module, *, list
     set_model_state_dict(model, state["model"], options=_options(False))
 
 
-def load_full_model_state(folder: Path, listed: Collection[str]) -> dict[str, torch.Tensor]:
-    """A DCP model folder's whole tensors, read on this one process (no process group, no model): each tensor is
-    allocated at the full shape its metadata records, and DCP fills it from every rank's shards.
+def load_full_model_state(
+    folder: Path, listed: Collection[str], *, names: Collection[str] | None = None
+) -> dict[str, torch.Tensor]:
+    """A DCP model folder's whole tensors (only those ``names`` lists, if given), read on this one process (no
+    process group, no model): each tensor is allocated at the full shape its metadata records, and DCP fills it from
+    every rank's shards. A tensor ``names`` leaves out is neither allocated nor read.
 
     Raises:
         CheckpointError: The metadata is not DCP's (see :func:`read_dcp_metadata`), or holds no tensors.
@@ -274,9 +277,13 @@ def load_full_model_state(folder: Path, listed: Collection[str]) -> dict[str, to
     full = {
         key.removeprefix(prefix): torch.empty(entry.size, dtype=entry.properties.dtype)
         for key, entry in metadata.state_dict_metadata.items()
-        if isinstance(entry, TensorStorageMetadata) and key.startswith(prefix)
+        if isinstance(entry, TensorStorageMetadata)
+        and key.startswith(prefix)
+        and (names is None or key.removeprefix(prefix) in names)
     }
     if not full:
+        if names is not None:
+            return {}
         raise CheckpointError(f"{folder} holds no model tensors; export a checkpoint of a model.")
     state = {"model": full}
     _load(state, folder, listed)

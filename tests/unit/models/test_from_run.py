@@ -238,3 +238,43 @@ def test_a_link_where_the_weights_are_is_one_sentence(tmp_path):
     with pytest.raises(ValueError) as refused:
         from_run(run, Tied())
     assert str(refused.value) == hard.replace(str(run / "model"), str(checkpoint))
+
+
+def test_a_dcp_checkpoint_reads_only_the_tensors_the_model_takes(tmp_path):
+    import pickle
+    import warnings
+
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorStorageMetadata
+
+    from runner.engine import FullyShardedDataParallelPlugin
+    from tests.unit.engine.checkpoint.checkpoint_edits import rewrite_manifest
+
+    config = ProjectConfiguration(str(tmp_path), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(), project_config=config)
+    torch.manual_seed(4)
+    source = nn.Linear(2, 3)
+    expected = {name: tensor.clone() for name, tensor in source.state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP's own notes on one process
+        accelerator.prepare(source)
+        accelerator.save_state()
+    checkpoint = tmp_path / "checkpoints" / "checkpoint_0"
+    metadata_path = checkpoint / "model" / ".metadata"
+    metadata = pickle.loads(metadata_path.read_bytes())
+    weight = metadata.state_dict_metadata["model.weight"]
+    size = torch.Size(HUGE)  # 20 GB of float32, declared by the metadata and pointing into a file of a few bytes
+    metadata.state_dict_metadata["model.huge"] = TensorStorageMetadata(
+        weight.properties, size, [ChunkStorageMetadata(torch.Size([0]), size)]
+    )
+    shard = next(iter(metadata.storage_data.values())).relative_path
+    metadata.storage_data[MetadataIndex("model.huge", torch.Size([0]), 0)] = _StorageInfo(shard, 0, 4 * HUGE[0])
+    metadata_path.write_bytes(pickle.dumps(metadata))
+    rewrite_manifest(checkpoint, relist=["model/.metadata"])
+
+    with pytest.raises(ValueError, match=r"are not Linear's \(unexpected: huge\)"):
+        from_run(checkpoint, nn.Linear(2, 3))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    model = from_run(checkpoint, nn.Linear(2, 3), strict=False)  # the huge tensor is neither allocated nor read
+    assert torch.equal(model.weight, expected["weight"]) and torch.equal(model.bias, expected["bias"])
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 200_000  # kB
