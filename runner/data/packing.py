@@ -20,7 +20,9 @@ It records its position (``state_dict``): the source's own state when it has one
 read) and the tokens carried over into the next block, so a prepared loader's checkpoint resumes it exactly,
 without reading what was packed. A loaded state is checked first (``check_state_dict``): one this packing cannot
 reach is one sentence naming its field. Between blocks the carry is shorter than a block, except inside a
-document longer than a block, whose unpacked rest it then is; that rest is as long as the document makes it.
+document longer than a block, whose unpacked rest it then is; that rest is as long as the document makes it. A
+source that reads by index (a list, a map-style dataset) is read again at the carried documents, whose rest the
+carry must be, token for token; a stream cannot be read again, and its carry is taken as recorded.
 """
 
 from __future__ import annotations
@@ -104,6 +106,8 @@ class Packed(IterableDataset):
             )
         if source is not None:
             check_stream_state(self.dataset, source, field=f"{field}.source")
+        if state["carry"] and self._reads_by_index():
+            self._check_carried_documents(state["carry"], state["positions"], documents=documents, field=field)
 
     def _check_carry(self, carry: Any, positions: Any, *, documents: int, field: str) -> None:
         if not isinstance(carry, list) or not all(type(token) is int for token in carry):
@@ -128,6 +132,30 @@ class Packed(IterableDataset):
             raise stream_state_error(
                 f"{field}.carry", f"its documents do not each end with eos_token_id={self.eos_token_id}"
             )
+
+    def _reads_by_index(self) -> bool:
+        """Whether the source's document ``i`` is ``dataset[i]`` (a list, a map-style dataset), so a carried document
+        can be read again; a stream's cannot, and its carry is taken as recorded."""
+        return (
+            not isinstance(self.dataset, IterableDataset)
+            and not stateful(self.dataset)
+            and known_length(self.dataset) is not None
+            and callable(getattr(self.dataset, "__getitem__", None))
+        )
+
+    def _check_carried_documents(self, carry: list[int], positions: list[int], *, documents: int, field: str) -> None:
+        """Each carried document is the rest of the one the source holds at its index: the last is the last read."""
+        bounds = sorted({0, *(k for k, position in enumerate(positions) if position == 0)}) + [len(carry)]
+        pieces = list(itertools.pairwise(bounds))
+        for back, (first, end) in enumerate(reversed(pieces), start=1):
+            index = documents - back
+            document = self._ids(self.dataset[index], index)
+            if carry[first:end] != document[positions[first] :]:
+                raise stream_state_error(
+                    f"{field}.carry",
+                    f"its tokens {first} to {end - 1} are not the rest of document {index} from its position "
+                    f"{positions[first]} (the source's document {index} has {len(document)} tokens)",
+                )
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         state, self._loaded = self._loaded, None

@@ -182,6 +182,29 @@ def test_impossible_but_self_consistent_states_are_refused():
         f"state.carry: 1000000 tokens carried over, where packing leaves fewer than block_size=8 (or the rest of one "
         f"document, which these are not); {FIX}"
     )
+    # the same million tokens as the rest of one document: a source read by index says what document 6 holds
+    rest = {**million, "positions": list(range(3, 1_000_003))}
+    with pytest.raises(CheckpointError) as refused:
+        Packed([[1, 2]] * 40, block_size=8, eos_token_id=0).load_state_dict(rest)
+    assert str(refused.value) == (
+        f"state.carry: its tokens 0 to 999999 are not the rest of document 6 from its position 3 (the source's "
+        f"document 6 has 3 tokens); {FIX}"
+    )
+    documents = [list(range(1, 30)), [40, 41], list(range(50, 75))]
+    packed = Packed(documents, block_size=8, eos_token_id=0)
+    iterator = iter(packed)
+    next(iterator), next(iterator), next(iterator)
+    state = json.loads(json.dumps(packed.state_dict()))
+    assert state == {"documents": 1, "carry": [25, 26, 27, 28, 29, 0], "positions": list(range(24, 30)), "source": None}
+    longer = {"carry": [*state["carry"], 5, 0], "positions": list(range(24, 32))}
+    for edit, tokens_ in [({"carry": [99, 26, 27, 28, 29, 0]}, "0 to 5"), (longer, "0 to 7")]:
+        with pytest.raises(CheckpointError) as refused:
+            Packed(documents, block_size=8, eos_token_id=0).load_state_dict({**state, **edit})
+        assert str(refused.value) == (
+            f"state.carry: its tokens {tokens_} are not the rest of document 0 from its position 24 (the source's "
+            f"document 0 has 30 tokens); {FIX}"
+        )
+    Packed(documents, block_size=8, eos_token_id=0).load_state_dict(state)  # as saved: the document's rest
     skipped = {"documents": 30_000, "carry": [], "positions": [], "source": None}  # more than the source holds
     with pytest.raises(CheckpointError) as refused:
         Packed([[1, 2]] * 40, block_size=8).load_state_dict(skipped)
