@@ -62,18 +62,21 @@ def link_error(path: Path):
 
 
 WANDB_DIR = "wandb"  # tracker=wandb: W&B's own folder (it links latest-run and its logs, some to ~/.cache/wandb)
+SUBMITIT_DIR = ".submitit"  # hydra/launcher=slurm: submitit's folder in a sweep (conf/hydra/launcher/slurm.yaml)
 
 
 def check_no_links(folder: Path) -> None:
     """Raise :class:`ConfigError` naming a symbolic link anywhere inside ``folder`` (none if it does not exist).
 
-    What is inside ``folder/wandb/`` is not walked: W&B writes it (links among them: ``latest-run``, its logs),
-    and the runner never reads or writes there. ``wandb`` itself must not be a link.
+    What is inside ``folder/wandb/`` and ``folder/.submitit/`` is not walked: W&B writes the one (links among
+    them: ``latest-run``, its logs) and submitit the other (``.submission_file_*.sh``, a link to each job's
+    script, in a sweep folder of ``hydra/launcher=slurm``), and the runner never reads or writes there. Neither
+    folder may itself be a link.
 
     Raises:
         ConfigError: One sentence naming the link, where it points, and the fix.
     """
-    wandb = Path(folder) / WANDB_DIR
+    unwalked = {Path(folder) / WANDB_DIR, Path(folder) / SUBMITIT_DIR}
     pending = [Path(folder)]
     while pending:
         current = pending.pop()
@@ -85,7 +88,7 @@ def check_no_links(folder: Path) -> None:
             for entry in entries:
                 if entry.is_symlink():
                     raise link_error(Path(entry.path))
-                if entry.is_dir(follow_symlinks=False) and Path(entry.path) != wandb:
+                if entry.is_dir(follow_symlinks=False) and Path(entry.path) not in unwalked:
                     pending.append(Path(entry.path))
 
 

@@ -1,12 +1,18 @@
-"""Stop cleanly when the cluster asks: SIGTERM or SIGUSR1 -> one agreed step, one checkpoint, exit 75.
+"""Stop cleanly when the cluster asks: SIGTERM, SIGUSR1 or SIGUSR2 -> one agreed step, one checkpoint, exit 75.
 
-Slurm and most schedulers send SIGTERM (or a chosen signal such as SIGUSR1, ``--signal``) some time
-before they kill a job. Every worker records such a signal instead of dying; at optimizer step
-boundaries (every 10th with several processes, see :func:`agreed`) the ranks reduce the flag, so all
-of them stop at the same step, save the same checkpoint, and the run exits with :data:`EXIT_CODE`
-(75, EX_TEMPFAIL: "try again later").
+Slurm and most schedulers send SIGTERM (or a chosen signal, ``--signal``: SIGUSR2 is submitit's, unless
+``SUBMITIT_PREEMPT_SIGNAL`` names another) some time before they kill a job. Every worker records such a signal
+instead of dying; at optimizer step boundaries (every 10th with several processes, see :func:`agreed`) the ranks
+reduce the flag, so all of them stop at the same step, save the same checkpoint, and the run exits with
+:data:`EXIT_CODE` (75, EX_TEMPFAIL: "try again later").
 ``python -m runner resume=<run folder>`` then continues exactly. A second signal during the save is
 ignored; a kill during it leaves the previous checkpoint intact (checkpoints commit atomically).
+
+Inside a job submitit started (``hydra/launcher=slurm``), submitit's own handler for its signal would requeue the
+job at once, in the middle of a step or of a save. The runner takes the signal over and keeps that handler
+(:func:`take_over`); once the checkpoint is saved, :func:`requeue` calls it, so submitit requeues the job as it
+does for its own checkpointing jobs, counting ``max_num_timeout``, and the requeued job continues from the
+checkpoint.
 
 An evaluation (``runner eval``) saves nothing, and writes its results only at its end: it stops at the next
 batch the processes agree on (:func:`stop_evaluation` raises :class:`EvaluationStopped`), before anything is
@@ -16,13 +22,25 @@ written, with the same exit code.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
+from collections.abc import Callable
+from typing import Any
 
 EXIT_CODE = 75
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SUBMITIT_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"  # submitit's choice of signal, read by submitit as by the runner
+
+
+def _signals() -> tuple[signal.Signals, ...]:
+    chosen = getattr(signal, "SIG" + os.environ.get(SUBMITIT_SIGNAL_ENV, "USR2"), signal.SIGUSR2)
+    return tuple(dict.fromkeys((signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, chosen)))
+
+
+SIGNALS = _signals()
 logger = logging.getLogger("runner")
 _received: list[str] = []
+_submitit: dict[int, Callable[[int, Any], None]] = {}  # signal -> submitit's handler for it, taken over
 
 
 class Preempted(Exception):
@@ -48,7 +66,41 @@ def watch() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     for number in SIGNALS:
-        signal.signal(number, _record)
+        take_over(number, _record)
+
+
+def take_over(number: int, handler: Callable[[int, Any], None]) -> Any:
+    """Handle signal ``number`` with ``handler`` from now on, keeping submitit's own handler for it if it had one
+    (for :func:`requeue`); return the previous handler."""
+    previous = signal.signal(number, handler)
+    if getattr(previous, "__name__", "") == "checkpoint_and_try_requeue" and type(
+        getattr(previous, "__self__", None)
+    ).__module__.startswith("submitit."):
+        _submitit[number] = previous
+    return previous
+
+
+def submitit_requeues(stop: Preempted) -> bool:
+    """Whether submitit's handler was taken over for the signal that stopped the run (see :func:`requeue`)."""
+    return getattr(signal.Signals, stop.signal_name, None) in _submitit
+
+
+def requeue(stop: Preempted) -> str | None:
+    """Hand a stop by submitit's signal to submitit, once the checkpoint is saved: it requeues the job and this
+    process exits (with :data:`EXIT_CODE`) when ``max_num_timeout`` allows. Returns None where submitit leaves the
+    requeue to the job's first task (this is another), else why submitit did not requeue the job.
+
+    Call it only where :func:`submitit_requeues`; a SIGTERM (``scancel``, ``scontrol requeue``, a preemption with
+    a grace time) is Slurm's own doing, and Slurm requeues or ends the job itself.
+    """
+    number = signal.Signals[stop.signal_name]
+    try:
+        _submitit[number](number, None)  # checkpoints the submission through the launcher, scontrol requeue, exit
+    except SystemExit:
+        raise SystemExit(EXIT_CODE) from None
+    except Exception as error:  # submitit's UncompletedJobError: "Job not requeued because: ..."
+        return str(error).rstrip(".")
+    return None
 
 
 def _record(number: int, frame) -> None:

@@ -26,6 +26,7 @@ class ResumableSweeper(BasicSweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         from runner.launch.lock import FolderLocked, RunLock
+        from runner.launch.slurm import refused_submission
         from runner.sweeps.plan import contiguous, exit_with_failures, plan
 
         params = [f"{key}={value}" for key, value in self.params.items()] + list(arguments)
@@ -59,7 +60,14 @@ class ResumableSweeper(BasicSweeper):
             for batch in batches:
                 indices = [i for i in to_run if start <= i < start + len(batch)]
                 for group in contiguous(indices):
-                    results = self.launcher.launch([jobs[i] for i in group], initial_job_idx=group[0])
+                    try:
+                        results = self.launcher.launch([jobs[i] for i in group], initial_job_idx=group[0])
+                    except Exception as error:  # sbatch refused the job: one sentence naming the launcher's keys
+                        refused = refused_submission(error, self.config.hydra.launcher)
+                        if refused is None:
+                            raise
+                        print(f"runner: error: {refused}", file=sys.stderr)
+                        sys.exit(2)
                     for index, result in zip(group, results, strict=True):
                         if result.status == JobStatus.FAILED:
                             failures.append((folders[index], jobs[index]))

@@ -25,7 +25,7 @@ from runner.cli.command_line import CommandLine
 from runner.config import CONF_DIR, CONFIG_NAME, ConfigError
 from runner.launch import slurm
 from runner.launch.environment import LaunchEnvironment
-from runner.launch.preflight import check_rendezvous_port, check_writable, wait_for_rendezvous
+from runner.launch.preflight import check_rendezvous_port, check_resolves, check_writable, wait_for_rendezvous
 from runner.startup import restart, stamp, stamps
 from runner.validation import check_devices, check_hardware, validate
 
@@ -94,7 +94,10 @@ def main(cfg: DictConfig, command: CommandLine | None = None) -> float | None:
     except ConfigError as error:
         _fail(job, USAGE_ERROR, str(error))
     except preemption.Preempted as stop:
-        message = _stopped(stop, str(project_dir), sweep=job is not None, evaluation=bool(cfg.get("evaluate_only")))
+        evaluation = bool(cfg.get("evaluate_only"))
+        if not evaluation and preemption.submitit_requeues(stop):  # hydra/launcher=slurm: submitit's signal
+            _requeue(stop, str(project_dir), job)
+        message = _stopped(stop, str(project_dir), sweep=job is not None, evaluation=evaluation)
         if job is not None:
             job.stop(message)  # the whole sweep stops: the scheduler wants the machine back
         print(f"runner: {message}", file=sys.stderr)
@@ -144,6 +147,8 @@ def _check_machine(cfg: DictConfig, project_dir: Path) -> None:
     """The run folder is writable, and a multi-node rendezvous can be reached (or hosted, on node 0)."""
     check_writable(project_dir, "project.project_dir")
     trackers.check_reachable(cfg)
+    if cfg.trainer.num_nodes > 1:
+        check_resolves(cfg.trainer.rdzv_endpoint)  # on every node, at once
     if cfg.trainer.num_nodes > 1 and cfg.trainer.node_rank == 0:
         check_rendezvous_port(cfg.trainer.rdzv_endpoint)
     elif cfg.trainer.num_nodes > 1:
@@ -189,6 +194,28 @@ def _fail(job, code: int, message: str, *, record: bool = True) -> NoReturn:
     if record:
         job.fail(message)
     raise JobFailed(message) from None
+
+
+def _requeue(stop, project_dir: str, job) -> None:
+    """A job submitit started, stopped by submitit's signal, with its checkpoint saved: submitit requeues it (this
+    process exits 75, and the requeued job continues from the checkpoint). Where it does not (its
+    ``max_num_timeout`` is spent), the job ends failed with one sentence, so the sweep goes on to its summary."""
+    from runner.engine.checkpoint import checkpoints_dir, newest_intact_checkpoint
+
+    newest, _ = newest_intact_checkpoint(checkpoints_dir(project_dir), verify_checksums=False)
+    saved = f"{newest.name} is saved" if newest is not None else "no checkpoint was completed"
+    agreed = f"stopped by {stop.signal_name} at a step all processes agreed on; {saved}"
+    if job is not None:
+        job.stop(f"{agreed}; submitit requeues the job, which continues from it.")
+    print(f"runner: {agreed}; submitit requeues the job, which continues from it.", file=sys.stderr)
+    reason = preemption.requeue(stop)  # exits here when submitit requeued the job
+    if reason is None:  # another task of the job: its first task requeues it
+        sys.exit(preemption.EXIT_CODE)
+    message = (
+        f"{agreed}; submitit did not requeue the job ({reason}); continue it with `python -m runner "
+        f"resume={project_dir}`, or run the same sweep command again."
+    )
+    _fail(job, RUNTIME_ERROR, message)
 
 
 def _stopped(stop, project_dir: str, *, sweep: bool = False, evaluation: bool = False) -> str:

@@ -21,6 +21,7 @@ from runner.validation import check_hardware, validate
 _PLUGINS = {
     ("hydra/launcher", "joblib"): ("hydra_plugins.hydra_joblib_launcher", "joblib"),
     ("hydra/launcher", "slurm"): ("hydra_plugins.hydra_submitit_launcher", "slurm"),
+    ("hydra/launcher", "slurm_cpu"): ("hydra_plugins.hydra_submitit_launcher", "slurm"),
     ("hydra/sweeper", "optuna"): ("hydra_plugins.hydra_optuna_sweeper", "optuna"),
     ("hparams_search", None): ("hydra_plugins.hydra_optuna_sweeper", "optuna"),
 }

@@ -75,12 +75,15 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
     logger.info(
         "Starting %d processes on this node (%d node(s)) with torch's elastic launcher", num_processes, num_nodes
     )
+    _TRANSLATED.clear()
     if (name := preemption.received()) is not None:  # recorded during the checks (runner eval watches from its start)
         raise preemption.Preempted(name, step=-1)
-    # torch's agent stops the workers gracefully on SIGTERM (they save and exit); SIGUSR1 means the same. Until its
+    # torch's agent stops the workers gracefully on SIGTERM (they save and exit); SIGUSR1 and SIGUSR2 (submitit's)
+    # mean the same, and submitit's own handler is kept for the requeue (preemption.take_over). Until its
     # processes start, a signal stops the launch the way the agent's own handler does, as a SignalException.
-    previous = signal.signal(signal.SIGUSR1, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
-    previous_term = signal.signal(signal.SIGTERM, _stop_launch)
+    to_term = [number for number in preemption.SIGNALS if number != signal.SIGTERM]
+    previous = {number: preemption.take_over(number, _as_sigterm) for number in to_term}
+    previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _stop_launch)
     # Forked from the server started before the checks; a sweep's first job starts it here, and its later jobs
     # fork from it too. elastic_run hands each worker the environment of this launch.
     forkserver.start()
@@ -99,15 +102,29 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
             rdzv_timeout=trainer["rdzv_timeout"],
         )
     except SignalException as error:  # this process got the signal; the workers have stopped and saved
-        raise preemption.Preempted(signal.Signals(error.sigval).name, step=-1) from None
+        raise preemption.Preempted(_signal_name(error.sigval), step=-1) from None
     except ChildFailedError as error:
         if all(failure.exitcode == preemption.EXIT_CODE for failure in error.failures.values()):
-            raise preemption.Preempted("a stop signal to the workers", step=-1) from None
+            name = _TRANSLATED[0] if _TRANSLATED else "a stop signal to the workers"
+            raise preemption.Preempted(name, step=-1) from None
         raise WorkerFailed(describe_failure(error.failures)) from None
     finally:
-        signal.signal(signal.SIGUSR1, previous)
-        signal.signal(signal.SIGTERM, previous_term)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
     return results.get(0)
+
+
+_TRANSLATED: list[str] = []  # the stop signals this launching process turned into SIGTERM for torch's agent
+
+
+def _as_sigterm(number: int, frame) -> None:
+    _TRANSLATED.append(signal.Signals(number).name)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _signal_name(sigval: int) -> str:
+    """The signal that stopped the launch: the one this process was sent, though the agent saw SIGTERM."""
+    return _TRANSLATED[0] if _TRANSLATED else signal.Signals(sigval).name
 
 
 def _stop_launch(number: int, frame) -> None:

@@ -4,6 +4,7 @@ constructors its config calls."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
 import uuid
@@ -24,6 +25,25 @@ def check_writable(folder: Path, key: str) -> None:
     except OSError as error:
         raise ConfigError(
             f"{key}={folder} cannot be written ({error.strerror or error}); choose a folder this user can write."
+        ) from None
+
+
+def check_resolves(endpoint: str) -> None:
+    """Raise :class:`ConfigError` unless the rendezvous host of ``endpoint`` (HOST:PORT) resolves here.
+
+    Every node checks it before it starts; otherwise torch's rendezvous fails on one node after minutes (c10d's
+    "cannot be retrieved (gai error)") while the others wait for it up to ``trainer.rdzv_timeout``.
+    """
+    host = endpoint.rpartition(":")[0].strip("[]") if ":" in endpoint else endpoint
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        origin = " (the job's first node, from SLURM_JOB_NODELIST)" if "SLURM_JOB_ID" in os.environ else ""
+        raise ConfigError(
+            f"trainer.rdzv_endpoint={endpoint}: its host {host}{origin} does not resolve on {socket.gethostname()} "
+            f"({reason}); make that name resolve on every node (DNS or /etc/hosts), or give "
+            "trainer.rdzv_endpoint=ADDRESS:PORT that every node can reach."
         ) from None
 
 

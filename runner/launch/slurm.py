@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import subprocess
+from typing import Any
 
 
 def _int(name: str) -> int | None:
@@ -158,3 +159,33 @@ def command_line(given: dict[str, str]) -> list[str]:
     if os.environ.get("SLURM_NODEID", "0") != "0":  # node 0 alone writes Hydra's record into the shared folder
         extra += ["hydra.output_subdir=null"]
     return extra + [f"{key}={value}" for key, value in node_launcher_settings().items() if key not in given]
+
+
+# What sbatch says when it refuses a job, and the hydra.launcher keys (conf/hydra/launcher/slurm.yaml) that set it.
+_REFUSALS = (
+    ("generic resource", ("gpus_per_node", "gres")),
+    ("gres", ("gpus_per_node", "gres")),
+    ("partition", ("partition",)),
+    ("account", ("account",)),
+    ("qos", ("qos",)),
+    ("time limit", ("timeout_min",)),
+    ("memory", ("mem_gb",)),
+    ("node configuration is not available", ("nodes", "tasks_per_node", "cpus_per_task", "mem_gb", "gpus_per_node")),
+    ("cpu count", ("cpus_per_task", "tasks_per_node")),
+)
+
+
+def refused_submission(error: BaseException, launcher: Any) -> str | None:
+    """One sentence for a job sbatch refused (submitit's ``FailedJobError``), naming the ``hydra.launcher`` keys
+    behind it and their values; None for any other error."""
+    if type(error).__name__ != "FailedJobError" or not type(error).__module__.startswith("submitit"):
+        return None
+    said = " ".join(line.strip() for line in str(error).strip().splitlines() if line.strip()) or "no reason given"
+    keys = next((keys for words, keys in _REFUSALS if words in said.lower()), ("partition", "nodes", "cpus_per_task"))
+    given = ", ".join(f"hydra.launcher.{key}={launcher.get(key)}" for key in keys if launcher.get(key) is not None)
+    given = given or f"hydra.launcher.{keys[0]}"
+    gpus = " (on a cluster without GPUs, use hydra/launcher=slurm_cpu)" if "gpus_per_node" in keys[:1] else ""
+    return (
+        f"Slurm refused the job ({said}); set {given} to what the cluster offers (sinfo lists its partitions, "
+        f"CPUs, memory and GPUs){gpus}."
+    )

@@ -165,3 +165,23 @@ def test_what_wandb_writes_in_its_own_folder_is_not_walked_but_the_folder_may_no
     with pytest.raises(ConfigError) as refused:
         check_no_links(run)
     assert str(refused.value) == _sentence(run / "wandb", moved)
+
+
+def test_what_submitit_writes_in_a_sweep_folder_is_not_walked_but_the_folder_may_not_be_a_link(tmp_path):
+    sweep = tmp_path / "sweep"
+    (sweep / ".submitit" / "17").mkdir(parents=True)
+    script = sweep / ".submitit" / "17" / "17_submission.sh"
+    script.write_text("#!/bin/bash\n")
+    (sweep / ".submitit" / ".submission_file_0a1b.sh").symlink_to(script)  # what submitit writes itself
+    check_no_links(sweep)
+    (sweep / "0" / ".submitit").mkdir(parents=True)  # only the sweep folder's own .submitit is submitit's
+    (sweep / "0" / ".submitit" / "x.sh").symlink_to(script)
+    with pytest.raises(ConfigError) as refused:
+        check_no_links(sweep)
+    assert str(refused.value) == _sentence(sweep / "0" / ".submitit" / "x.sh", script)
+    (sweep / "0" / ".submitit" / "x.sh").unlink()
+    (sweep / ".submitit").rename(tmp_path / "moved")
+    (sweep / ".submitit").symlink_to(tmp_path / "moved")
+    with pytest.raises(ConfigError) as refused:
+        check_no_links(sweep)
+    assert str(refused.value) == _sentence(sweep / ".submitit", tmp_path / "moved")

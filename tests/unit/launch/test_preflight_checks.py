@@ -11,7 +11,7 @@ import time
 import pytest
 
 from runner.config import ConfigError
-from runner.launch.preflight import check_rendezvous_port, check_writable, wait_for_rendezvous
+from runner.launch.preflight import check_rendezvous_port, check_resolves, check_writable, wait_for_rendezvous
 
 
 @contextlib.contextmanager
@@ -123,3 +123,21 @@ def test_an_endpoint_without_a_port_is_refused_before_waiting():
     message = "trainer.rdzv_endpoint=node0 must be HOST:PORT, the address every node can reach."
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         wait_for_rendezvous("node0", timeout=60)
+
+
+def test_a_rendezvous_host_that_does_not_resolve_is_one_sentence_at_once(monkeypatch):
+    for endpoint in ("localhost:29500", "127.0.0.1:29500", "[::1]:29500"):
+        check_resolves(endpoint)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(ConfigError) as refused:
+        check_resolves("n1.invalid:20004")
+    assert str(refused.value).startswith(
+        f"trainer.rdzv_endpoint=n1.invalid:20004: its host n1.invalid does not resolve on {socket.gethostname()} ("
+    )
+    assert str(refused.value).endswith(
+        "); make that name resolve on every node (DNS or /etc/hosts), or give trainer.rdzv_endpoint=ADDRESS:PORT "
+        "that every node can reach."
+    )
+    monkeypatch.setenv("SLURM_JOB_ID", "17")  # under Slurm the endpoint came from the job's node list
+    with pytest.raises(ConfigError, match=r"its host n1.invalid \(the job's first node, from SLURM_JOB_NODELIST\) "):
+        check_resolves("n1.invalid:20004")
