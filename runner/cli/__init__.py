@@ -36,6 +36,10 @@ def main() -> None:
         from runner.cli.generate import main as generate
 
         sys.exit(generate(sys.argv[2:]))
+    if sys.argv[1:2] == ["status"]:  # where a run or each job of a sweep stands: runner/cli/status.py
+        from runner.cli.status import main as status
+
+        sys.exit(status(sys.argv[2:]))
     if sys.argv[1:2] == ["eval"]:  # runner eval RUN [key=value ...]: resume=RUN evaluate_only=true, checked as one
         from runner import preemption
 

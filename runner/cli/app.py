@@ -206,7 +206,7 @@ def _requeue(stop, project_dir: str, job) -> None:
     saved = f"{newest.name} is saved" if newest is not None else "no checkpoint was completed"
     agreed = f"stopped by {stop.signal_name} at a step all processes agreed on; {saved}"
     if job is not None:
-        job.stop(f"{agreed}; submitit requeues the job, which continues from it.")
+        job.requeue(f"{agreed}; submitit requeues the job, which continues from it.")
     print(f"runner: {agreed}; submitit requeues the job, which continues from it.", file=sys.stderr)
     reason = preemption.requeue(stop)  # exits here when submitit requeued the job
     if reason is None:  # another task of the job: its first task requeues it

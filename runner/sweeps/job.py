@@ -1,6 +1,6 @@
 """One job of a sweep (a Hydra multirun) and its record, ``job.json``, in the job's folder.
 
-The record holds the job's overrides, status (running, finished, failed, stopped), error, wall
+The record holds the job's overrides, status (running, finished, failed, stopped, requeued), error, wall
 time and objective. The sweeper skips and resumes jobs by it (:mod:`runner.sweeps.plan`), and the
 summary is built from it (:mod:`runner.sweeps.report`).
 """
@@ -17,7 +17,7 @@ from typing import Any
 from runner import overrides as parsed
 from runner.files import write_text_atomically
 from runner.layout import saved_overrides
-from runner.sweeps.jobs import FAILED, FINISHED, JOB_FILE, RUNNING, STOPPED, read_job
+from runner.sweeps.jobs import FAILED, FINISHED, JOB_FILE, REQUEUED, RUNNING, STOPPED, read_job
 
 logger = logging.getLogger("runner")
 
@@ -91,6 +91,10 @@ class SweepJob:
 
     def stop(self, reason: str) -> None:
         self._write(STOPPED, error=reason)
+
+    def requeue(self, reason: str) -> None:
+        """Stopped with its checkpoint saved, and back in Slurm's queue: it continues when it starts again."""
+        self._write(REQUEUED, error=reason)
 
     def _write(self, status: str, **extra: Any) -> None:
         self.record.update(status=status, wall_time_s=round(time.time() - self.started, 3), **extra)

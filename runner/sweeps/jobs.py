@@ -11,6 +11,7 @@ from runner import overrides as parsed
 
 JOB_FILE = "job.json"
 FINISHED, FAILED, RUNNING, STOPPED = "finished", "failed", "running", "stopped"  # a job's status
+REQUEUED = "requeued"  # stopped by submitit's signal, checkpoint saved, back in Slurm's queue (hydra/launcher=slurm)
 
 
 def read_job(folder: str | os.PathLike) -> dict[str, Any] | None:

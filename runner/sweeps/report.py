@@ -39,7 +39,7 @@ class Job:
 
     name: str  # the job's folder, relative to the sweep folder ("0", "1", ...)
     overrides: list[str]
-    status: str  # finished, failed, running, interrupted, stopped, pending
+    status: str  # finished, failed, running, interrupted, stopped, requeued, pending
     objective: str | None = None  # the metric a sweeper optimises, e.g. eval/accuracy
     direction: str = "maximize"
     metrics: dict[str, float] = field(default_factory=dict)  # final values
@@ -86,7 +86,7 @@ def collect(sweep_dir: Path) -> list[Job]:
             job.best_step, job.best_value = pick(job.curves[job.objective], key=lambda point: point[1])
         jobs.append(job)
     started = {tuple(job.overrides) for job in jobs}
-    for number, overrides in enumerate(_grid(sweep_dir)):
+    for number, overrides in enumerate(grid(sweep_dir)):
         if tuple(overrides) not in started and not (sweep_dir / str(number)).exists():
             jobs.append(Job(name=str(number), overrides=overrides, status="pending"))
     return sorted(jobs, key=lambda job: (len(job.name), job.name))
@@ -109,7 +109,7 @@ def _hydra_overrides(folder: Path) -> list[str]:
     return [str(o) for o in OmegaConf.load(path)]
 
 
-def _grid(sweep_dir: Path) -> list[list[str]]:
+def grid(sweep_dir: Path) -> list[list[str]]:
     """The overrides of every job of a grid sweep, from its multirun.yaml (none for other sweepers)."""
     path = sweep_dir / "multirun.yaml"
     if not path.is_file():

@@ -1,4 +1,9 @@
-"""The sweep's summary, kept current: ``summary.csv`` / ``summary.md`` after each job, ``summary.png`` at the end."""
+"""The sweep's summary, kept current: ``summary.csv`` / ``summary.md`` after each job, ``summary.png`` at the end.
+
+The end is the sweep command's (``on_multirun_end``) or the last job's: a job that ends with no other job of the
+sweep left to run writes the plot too, so a sweep submitted to Slurm has its whole summary when its last job ends,
+whether or not the command that submitted it still waits.
+"""
 
 from __future__ import annotations
 
@@ -19,17 +24,25 @@ class SweepSummary(Callback):
         from hydra.types import RunMode
 
         if config.hydra.mode == RunMode.MULTIRUN:
-            summarise(Path(config.hydra.sweep.dir), plot=False)
+            summarise(Path(config.hydra.sweep.dir), plot=None)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         summarise(Path(config.hydra.sweep.dir), plot=True)
 
 
-def summarise(sweep_dir: Path, *, plot: bool) -> None:
-    from runner.sweeps.report import SUMMARY_MD, write_summary
+UNFINISHED = ("running", "requeued", "pending")  # a job of the sweep that will still run
+
+
+def summarise(sweep_dir: Path, *, plot: bool | None) -> None:
+    """Write the summary; the plot too with ``plot``, or (None) if the sweep is a grid with no job left to run
+    (another sweeper's next jobs are not known until it asks for them)."""
+    from runner.sweeps.report import SUMMARY_MD, collect, grid, write_summary
 
     try:
-        write_summary(sweep_dir, plot=plot)
+        jobs = collect(sweep_dir)
+        if plot is None:
+            plot = bool(grid(sweep_dir)) and not any(job.status in UNFINISHED for job in jobs)
+        write_summary(sweep_dir, plot=plot, jobs=jobs)
     except Exception as error:  # a summary must never fail the sweep it describes
         logger.warning("Could not write the sweep summary in %s: %s", sweep_dir, error)
     else:

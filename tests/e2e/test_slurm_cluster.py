@@ -108,6 +108,18 @@ def test_a_job_stopped_by_submitits_signal_and_by_scontrol_requeue_ends_as_an_un
     _wait_for(lambda: max(_steps(log), default=0) >= 110, "step 110", launched)
     job = _job_id(sweep)
     _slurm("scancel", "--signal=USR2", job)
+    # While it waits in the queue, runner status says so, with the sentence the job left.
+    _wait_for(
+        lambda: (json.loads((sweep / "0" / "job.json").read_text()))["status"] == "requeued", "requeued", launched
+    )
+    shown = run_cli("status", str(sweep), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    line = shown.stdout.splitlines()[1]
+    assert re.match(
+        r"0 +requeued +\d+/300 +[0-9.]+ +\S+ +stopped by SIGUSR2 at a step all processes agreed on; "
+        r"checkpoint_1 is saved; submitit requeues the job, which continues from it\.$",
+        line,
+    ), line
     first = _wait_for(lambda: re.search(r"Resumed at step (\d+)", log.read_text()), "the requeued job", launched)
     stopped_at = int(first.group(1))
     assert 110 <= stopped_at < 200
@@ -151,6 +163,8 @@ def test_when_submitit_may_not_requeue_the_sweep_ends_with_a_summary_and_the_sam
         record["error"],
     ), record["error"]
     assert "Traceback" not in stderr and "| 0 | failed |" in (sweep / "summary.md").read_text()
+    shown = run_cli("status", str(sweep), cwd=tmp_path)
+    assert re.match(r"0 +failed +\d+/200 .* submitit did not requeue the job", shown.stdout.splitlines()[1]), shown
 
     # The same command again: submitit's own files in the sweep folder are not "links in a run folder", and the
     # job continues from its checkpoint to its end.

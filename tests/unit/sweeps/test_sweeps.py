@@ -136,3 +136,81 @@ def test_each_experiment_declares_its_objective_and_direction(overrides, objecti
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     assert (cfg.objective.metric, cfg.objective.direction) == objective
+
+
+def _logged(run: Path, *lines: str) -> None:
+    """run.log as the runner writes it: one line per logged step."""
+    (run / "run.log").write_text("".join(f"[2026-12-05 10:00:00,000][runner][INFO] - {line}\n" for line in lines))
+
+
+def test_runner_status_shows_each_job_of_a_slurm_sweep_from_its_folder(tmp_path, capsys):
+    from runner.cli.status import main as status
+
+    OmegaConf.save(
+        OmegaConf.create({"hydra": {
+            "sweeper": {"_target_": "hydra_plugins.runner_sweeper.resumable.ResumableSweeper", "params": None},
+            "overrides": {"task": ["trainer.max_steps=300", "optimizer.lr=1e-3,2e-3,3e-3,4e-3,5e-3"]},
+        }}),
+        tmp_path / "multirun.yaml",
+    )  # fmt: skip
+    (tmp_path / ".submitit" / "17").mkdir(parents=True)  # submitted through hydra/launcher=slurm
+    grid = [["trainer.max_steps=300", f"optimizer.lr={lr}"] for lr in ("0.001", "0.002", "0.003", "0.004", "0.005")]
+    objective = {"name": "eval/accuracy", "direction": "maximize"}
+    done = _job(tmp_path / "0", grid[0], "finished", objective=objective)
+    (done / "metrics.json").write_text(json.dumps({"eval/accuracy": 0.94, "train/loss": 0.03549, "step": 300}))
+    _logged(
+        done, "step 300/300 | train/loss 0.03549 | train/lr 0", "step 300/300 | eval/loss 0.2342 | eval/accuracy 0.94"
+    )
+    live = _job(tmp_path / "1", grid[1], "running", objective=objective)
+    _logged(live, "step 100/300 | train/loss 0.3 | train/lr 0.001", "step 100/300 | eval/accuracy 0.87",
+            "step 120/300 | train/loss 0.2104 | train/lr 0.0009")  # fmt: skip
+    requeued = "stopped by SIGUSR2 at a step all processes agreed on; checkpoint_1 is saved; submitit requeues the " \
+               "job, which continues from it."  # fmt: skip
+    _logged(_job(tmp_path / "2", grid[2], "requeued", objective=objective, error=requeued),
+            "step 125/300 | train/loss 0.1932 | train/lr 0.0008")  # fmt: skip
+    _logged(_job(tmp_path / "3", grid[3], "failed", objective=objective, error="Worker rank 1 failed: boom"),
+            "step 40/300 | train/loss 0.912 | train/lr 0.001")  # fmt: skip
+    lock = RunLock(live).acquire()
+    try:
+        assert status([str(tmp_path)]) == 0
+    finally:
+        lock.release()
+    assert capsys.readouterr().out.splitlines() == [
+        "job  status    step     train/loss  eval/accuracy  detail",
+        "0    finished  300/300  0.03549     0.94",
+        "1    running   120/300  0.2104      0.87",
+        f"2    requeued  125/300  0.1932      -              {requeued}",
+        "3    failed    40/300   0.912       -              Worker rank 1 failed: boom",
+        "4    queued    -        -           -              submitted to Slurm, not started yet",
+    ]
+    assert status([str(live)]) == 0  # a run folder: its own line, its lock now free and no metrics.json
+    assert capsys.readouterr().out.splitlines() == [
+        "run  status   step     train/loss  eval/accuracy  detail",
+        "1    stopped  120/300  0.2104      0.87           no checkpoint was saved",
+    ]
+    (tmp_path / "0" / "run.log").rename(tmp_path / "elsewhere.log")
+    (tmp_path / "0" / "run.log").symlink_to(tmp_path / "elsewhere.log")
+    assert status([str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(f"runner: error: {tmp_path / '0' / 'run.log'} is a symbolic link")
+    assert status([str(tmp_path / "nothing")]) == 2 and status([]) == 2
+
+
+def test_the_last_job_of_a_grid_to_end_writes_the_plot_too(tmp_path):
+    from runner.sweeps.summary import summarise
+
+    OmegaConf.save(
+        OmegaConf.create({"hydra": {
+            "sweeper": {"_target_": "hydra_plugins.runner_sweeper.resumable.ResumableSweeper", "params": None},
+            "overrides": {"task": ["optimizer.lr=1e-3,2e-3"]},
+        }}),
+        tmp_path / "multirun.yaml",
+    )  # fmt: skip
+    _job(tmp_path / "0", ["optimizer.lr=0.001"], "finished")
+    summarise(tmp_path, plot=None)  # job 1 has not run yet: the table only
+    assert (tmp_path / "summary.md").is_file() and not (tmp_path / "summary.png").exists()
+    _job(tmp_path / "1", ["optimizer.lr=0.002"], "requeued", error="stopped by SIGUSR2 ...")
+    summarise(tmp_path, plot=None)  # back in Slurm's queue: it will run again
+    assert not (tmp_path / "summary.png").exists()
+    (tmp_path / "1" / "job.json").write_text(json.dumps({"overrides": ["optimizer.lr=0.002"], "status": "failed"}))
+    summarise(tmp_path, plot=None)
+    assert (tmp_path / "summary.png").read_bytes().startswith(b"\x89PNG")
