@@ -21,13 +21,14 @@ class ResumableSweeper(BasicSweeper):
     Re-run on the same ``hydra.sweep.dir``, finished jobs are skipped (their folders are not
     touched), and the others are launched again under their own numbers: each resumes from its
     newest checkpoint (runner.cli.app). A failed job is recorded and the sweep goes on; the command
-    exits 1 at the end, naming it.
+    exits 1 at the end, naming it. A job whose Slurm job from an earlier command (hydra/launcher=slurm) is still
+    queued or running is left to it, not submitted again.
     """
 
     def sweep(self, arguments: list[str]) -> Any:
         from runner.launch.lock import FolderLocked, RunLock
         from runner.launch.slurm import refused_submission
-        from runner.sweeps.plan import contiguous, exit_with_failures, plan
+        from runner.sweeps.plan import contiguous, exit_with_failures, plan, submitted_line
 
         params = [f"{key}={value}" for key, value in self.params.items()] + list(arguments)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
@@ -49,11 +50,16 @@ class ResumableSweeper(BasicSweeper):
                     file=sys.stderr,
                 )
                 sys.exit(2)
+            finished = len(jobs) - len(to_run)
+            alive = _still_in_slurm(sweep_dir, to_run)
+            to_run = [index for index in to_run if index not in alive]
             OmegaConf.save(self.config, sweep_dir / "multirun.yaml")  # only once the folder is known to be ours
-            skipped = len(jobs) - len(to_run)
-            if skipped:
-                log.info("Sweep %s: %d of %d jobs already finished; running the other %d", sweep_dir, skipped,
-                         len(jobs), len(to_run))  # fmt: skip
+            if finished:
+                log.info("Sweep %s: %d of %d jobs already finished; running the other %d", sweep_dir, finished,
+                         len(jobs), len(jobs) - finished)  # fmt: skip
+            for index, (job_id, state) in alive.items():
+                log.info("Sweep job %d is still in Slurm as job %s (%s): not submitting it again", index, job_id,
+                         state)  # fmt: skip
             returns: list[list[JobReturn]] = []
             failures = []
             start = 0
@@ -78,12 +84,40 @@ class ResumableSweeper(BasicSweeper):
             lock.release()
         if failures:
             exit_with_failures(sweep_dir, failures)
+        submitted = list(getattr(self.launcher, "submitted", []))
+        if getattr(self.launcher, "wait", True) is False and (submitted or alive):  # hydra.launcher.wait=false
+            print(submitted_line(sweep_dir, submitted=submitted, still=[job for job, _ in alive.values()]), flush=True)
         return returns
 
     def _folder(self, index: int, overrides: list[str]) -> Path:
-        """The folder Hydra gives job ``index`` (hydra.sweep.dir / hydra.sweep.subdir)."""
-        config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
-        with open_dict(config):
-            config.hydra.job.num = index
-            config.hydra.job.id = f"{config.hydra.job.name}_{index}"
-        return Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
+        return job_folder(self.hydra_context, self.config, index, overrides)
+
+
+def job_folder(hydra_context: Any, config: Any, index: int, overrides: list[str]) -> Path:
+    """The folder Hydra gives job ``index`` of the sweep (hydra.sweep.dir / hydra.sweep.subdir)."""
+    config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+    with open_dict(config):
+        config.hydra.job.num = index
+        config.hydra.job.id = f"{config.hydra.job.name}_{index}"
+    return Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
+
+
+def _still_in_slurm(sweep_dir: Path, to_run: list[int]) -> dict[int, tuple[str, str]]:
+    """Of the jobs to run, those whose Slurm job from an earlier command is still queued or running (one squeue call);
+    exits 2 in one sentence if Slurm cannot tell."""
+    from runner.launch.slurm_jobs import SlurmUnavailable, states
+    from runner.sweeps.jobs import read_submissions
+    from runner.sweeps.plan import still_in_slurm
+
+    submissions = read_submissions(sweep_dir)
+    asked = [submissions[index]["slurm_job"] for index in to_run if index in submissions]
+    try:
+        known = states(asked)
+    except SlurmUnavailable as error:
+        print(
+            f"runner: error: this sweep submitted jobs to Slurm before ({', '.join(asked)}), and whether they still "
+            f"run cannot be told: {error}; nothing was submitted, so run the same command again where Slurm answers.",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    return still_in_slurm(to_run, submissions, known)

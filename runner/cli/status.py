@@ -11,8 +11,9 @@
 A job's status comes from its ``job.json`` (see :mod:`runner.sweeps.job`): running (its process holds the run
 folder's lock), finished, failed (with its sentence), stopped, requeued (stopped by submitit's signal with its
 checkpoint saved, back in Slurm's queue), interrupted (it says running, but no process holds it: killed, or its
-machine went away), queued (a job of the grid without a folder yet, in a sweep submitted to Slurm) or pending
-(the same, in any other sweep). The step and the latest metrics are the last the run logged in ``run.log``. A run
+machine went away), queued (submitted to Slurm and not started yet: a job of the grid without a folder yet, or one
+whose record is older than its latest submission in the sweep's ``slurm_jobs.json``) or pending (a job of the grid
+without a folder, in any other sweep). The step and the latest metrics are the last the run logged in ``run.log``. A run
 folder gets one line: running, finished, or stopped with its newest checkpoint.
 
 Nothing is written and nothing is contacted (Slurm is not asked: a job the scheduler dropped without a word
@@ -94,10 +95,12 @@ def logged(run: Path) -> tuple[str, dict[str, str]]:
 
 def sweep_table(sweep: Path) -> str:
     """One line per job of the sweep, with the sweep's objective among its columns."""
+    from runner.sweeps.jobs import read_submissions
     from runner.sweeps.report import collect
 
     jobs = collect(sweep)
     submitted = (sweep / SUBMITIT_DIR).is_dir()
+    submissions = read_submissions(sweep)
     objectives = [job.objective for job in jobs if job.objective]
     columns = ["train/loss", *([objectives[0]] if objectives and objectives[0] != "train/loss" else [])]
     rows = [["job", "status", "step", *columns, "detail"]]
@@ -106,12 +109,33 @@ def sweep_table(sweep: Path) -> str:
         step, values = logged(run) if run.is_dir() else ("-", {})
         status = "queued" if job.status == "pending" and submitted else job.status
         detail = job.error
-        if status == "queued":
+        slurm_job = queued_as(job.status, run, submissions.get(int(job.name)) if job.name.isdigit() else None)
+        if slurm_job is not None:
+            status, detail = "queued", f"submitted to Slurm as job {slurm_job}, not started yet"
+        elif status == "queued":
             detail = "submitted to Slurm, not started yet"
         if status == "finished" and (run / METRICS_FILE).is_file():
             values.update({key: _short(value) for key, value in job.metrics.items() if key in columns})
         rows.append([job.name, status, step, *(values.get(column, "-") for column in columns), detail])
     return _table(rows)
+
+
+def queued_as(status: str, run: Path, submission: dict[str, str] | None) -> str | None:
+    """The Slurm job a job of a sweep waits in the queue as: one submitted after its record was last written (it has
+    not started since), e.g. a failed job submitted again; None if it is not waiting to start."""
+    from datetime import datetime
+
+    from runner.sweeps.jobs import read_job
+
+    if submission is None or status not in ("pending", "failed", "stopped", "interrupted"):
+        return None
+    record = read_job(run) or {}
+    last = record.get("ended_at") or record.get("started_at")
+    try:
+        waiting = last is None or datetime.fromisoformat(submission["submitted_at"]) > datetime.fromisoformat(last)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return submission["slurm_job"] if waiting else None
 
 
 def run_line(run: Path) -> str:

@@ -77,7 +77,7 @@ class SweepJob:
         self.record.update(
             project_dir=str(project_dir),
             objective={"name": name, "direction": direction},
-            started_at=_now(),
+            started_at=now(),
         )
         self._write(RUNNING)
 
@@ -102,9 +102,22 @@ class SweepJob:
             self.record.pop("error", None)
             self.record.pop("ended_at", None)
         else:
-            self.record["ended_at"] = _now()
+            self.record["ended_at"] = now()
         self.folder.mkdir(parents=True, exist_ok=True)
         write_text_atomically(self.folder / JOB_FILE, json.dumps(self.record, indent=2, sort_keys=True) + "\n")
+
+
+def record_ended(folder: Path, overrides: list[str], error: str) -> dict[str, Any]:
+    """Record, for a job that ended without saying how (Slurm cancelled it, its node failed), that it failed with
+    ``error``; a job that recorded its own end (finished, failed) keeps its record. Returns the record now in place.
+    """
+    record = read_job(folder) or {"overrides": overrides}
+    if record.get("status") in (FINISHED, FAILED):
+        return record
+    record.update(status=FAILED, error=error, ended_at=now())
+    folder.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(folder / JOB_FILE, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return record
 
 
 def apply_thread_budget(num_processes: int) -> int | None:
@@ -127,7 +140,8 @@ def apply_thread_budget(num_processes: int) -> int | None:
     return per_process
 
 
-def _now() -> str:
+def now() -> str:
+    """This moment as the records write it: ISO 8601 with the local offset, to the millisecond."""
     from datetime import datetime
 
     return datetime.now().astimezone().isoformat(timespec="milliseconds")

@@ -3,7 +3,9 @@
 Re-running the same sweep command on the same ``hydra.sweep.dir`` skips finished jobs without
 touching their folders, resumes unfinished ones from their newest checkpoint (each job decides that
 itself, :meth:`runner.sweeps.job.SweepJob.resumable`), and runs the rest
-(``hydra_plugins.runner_sweeper.ResumableSweeper``).
+(``hydra_plugins.runner_sweeper.ResumableSweeper``). A job whose Slurm job (hydra/launcher=slurm, recorded in the sweep
+folder's ``slurm_jobs.json``) is still queued or running is not submitted again: that would put two Slurm jobs on
+one run folder.
 """
 
 from __future__ import annotations
@@ -36,6 +38,39 @@ def plan(jobs: list[tuple[Path, list[str]]]) -> tuple[list[int], list[str]]:
         elif not (record and record.get("status") == FINISHED):
             run.append(index)
     return run, problems
+
+
+def still_in_slurm(
+    to_run: list[int], submissions: dict[int, dict[str, str]], states: dict[str, str]
+) -> dict[int, tuple[str, str]]:
+    """Of the job numbers ``to_run``, those whose last Slurm job may still run: {number: (Slurm job id, state)}.
+
+    Args:
+        to_run: The jobs :func:`plan` would launch.
+        submissions: The Slurm job each job was last submitted as (:func:`runner.sweeps.jobs.read_submissions`).
+        states: Slurm's state of each of those Slurm jobs (:func:`runner.launch.slurm_jobs.states`).
+    """
+    from runner.launch.slurm_jobs import GONE, is_alive
+
+    alive = {}
+    for number in to_run:
+        job_id = submissions.get(number, {}).get("slurm_job")
+        if job_id is not None and is_alive(states.get(job_id, GONE)):
+            alive[number] = (job_id, states[job_id])
+    return alive
+
+
+def submitted_line(sweep_dir: Path, *, submitted: list[str], still: list[str]) -> str:
+    """What a sweep command that does not wait (``hydra.launcher.wait=false``) says as it returns."""
+    jobs = f"{len(submitted)} job{'s' if len(submitted) != 1 else ''}"
+    them = "it" if len(submitted) == 1 else "them"
+    said = f"runner: submitted {jobs} to Slurm ({', '.join(submitted) or 'none'}) without waiting for {them}"
+    if still:
+        said += f"; {len(still)} more still queued or running there ({', '.join(still)})"
+    return (
+        f"{said}; follow the sweep with `runner status {sweep_dir}`; its summary ({sweep_dir / SUMMARY_MD}) is "
+        "complete when the last job ends."
+    )
 
 
 def contiguous(indices: list[int]) -> list[list[int]]:

@@ -2,7 +2,8 @@
 
 The end is the sweep command's (``on_multirun_end``) or the last job's: a job that ends with no other job of the
 sweep left to run writes the plot too, so a sweep submitted to Slurm has its whole summary when its last job ends,
-whether or not the command that submitted it still waits.
+whether or not the command that submitted it still waits (``hydra.launcher.wait``). A job that Slurm ends before it
+could finish (``scancel``) writes nothing: ``python -m runner.report`` rebuilds the summary at any time.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ class SweepSummary(Callback):
             summarise(Path(config.hydra.sweep.dir), plot=None)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        summarise(Path(config.hydra.sweep.dir), plot=True)
+        # hydra.launcher.wait=false (hydra/launcher=slurm): the jobs were only queued, and the last to end plots.
+        walked_away = config.hydra.launcher.get("wait", True) is False
+        summarise(Path(config.hydra.sweep.dir), plot=None if walked_away else True)
 
 
 UNFINISHED = ("running", "requeued", "pending")  # a job of the sweep that will still run

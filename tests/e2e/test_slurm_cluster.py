@@ -1,7 +1,9 @@
-"""On a real Slurm cluster started on this machine (tests/slurm_cluster.py: slurmctld, four slurmd, munge):
-jobs submitted with ``-m hydra/launcher=slurm_cpu``, stopped by submitit's signal and by ``scontrol requeue`` and
-requeued, ending as an uninterrupted run does; a sweep whose requeues ran out, continued by the same command;
-``srun`` with a task per rank and a task per node; two nodes through the launcher; refusals in one sentence."""
+"""On a real Slurm cluster started on this machine (tests/slurm_cluster.py: slurmctld, four slurmd, munge; no
+accounting database, so no sacct): jobs submitted with ``-m hydra/launcher=slurm_cpu``, stopped by submitit's signal
+and by ``scontrol requeue`` and requeued, ending as an uninterrupted run does; a sweep whose requeues ran out,
+continued by the same command without waiting (``hydra.launcher.wait=false``) and not submitted twice by it again;
+``srun`` with a task per rank and a task per node; two nodes through the launcher; refusals in one sentence; a waiting
+sweep whose jobs Slurm cancels (``scancel``) ends, failed in one sentence, with its summary."""
 
 from __future__ import annotations
 
@@ -166,11 +168,45 @@ def test_when_submitit_may_not_requeue_the_sweep_ends_with_a_summary_and_the_sam
     shown = run_cli("status", str(sweep), cwd=tmp_path)
     assert re.match(r"0 +failed +\d+/200 .* submitit did not requeue the job", shown.stdout.splitlines()[1]), shown
 
-    # The same command again: submitit's own files in the sweep folder are not "links in a run folder", and the
-    # job continues from its checkpoint to its end.
+    # The same command again, walking away (held in the queue, so that it is seen waiting there): it returns once
+    # the job is queued, and says so. submitit's own files in the sweep folder are not "links in a run folder".
     assert any(path.is_symlink() for path in (sweep / ".submitit").iterdir())
-    again = run_cli(*command, cwd=tmp_path)
+    first = json.loads((sweep / "slurm_jobs.json").read_text())["0"]["slurm_job"]
+    walk_away = ["hydra.launcher.wait=false", "+hydra.launcher.additional_parameters.hold=true"]
+    again = run_cli(*command, *walk_away, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
+    queued = json.loads((sweep / "slurm_jobs.json").read_text())["0"]["slurm_job"]
+    follow = f"follow the sweep with `runner status {sweep}`; its summary ({sweep / 'summary.md'}) is complete when " \
+             "the last job ends."  # fmt: skip
+    assert queued != first and _said(again) == [
+        f"runner: submitted 1 job to Slurm ({queued}) without waiting for it; {follow}"
+    ]
+    assert cluster.job_state(queued) == "PENDING" and json.loads((sweep / "0" / "job.json").read_text())["status"] \
+        == "failed"  # fmt: skip
+    shown = run_cli("status", str(sweep), cwd=tmp_path)
+    assert re.fullmatch(rf"0 +queued +\d+/200 .* submitted to Slurm as job {queued}, not started yet",
+                        shown.stdout.splitlines()[1]), shown.stdout  # fmt: skip
+    # And again, while that job waits: it is not submitted a second time (two Slurm jobs on one run folder).
+    twice = run_cli(*command, "hydra.launcher.wait=false", cwd=tmp_path)
+    assert twice.returncode == 0, twice.stderr[-3000:]
+    assert f"Sweep job 0 is still in Slurm as job {queued} (PENDING): not submitting it again" in twice.stdout + \
+        twice.stderr  # fmt: skip
+    assert _said(twice) == [
+        f"runner: submitted 0 jobs to Slurm (none) without waiting for them; 1 more still queued or running there "
+        f"({queued}); {follow}"
+    ]
+    assert json.loads((sweep / "slurm_jobs.json").read_text())["0"]["slurm_job"] == queued
+    # Released, it runs, continues from its checkpoint to its end, and writes the whole summary as the last job.
+    released = time.time()
+    _slurm("scontrol", "release", queued)
+    deadline = time.monotonic() + 240
+    while "finished" not in (shown := run_cli("status", str(sweep), cwd=tmp_path)).stdout.splitlines()[1]:
+        assert re.match(r"0 +(queued|running) ", shown.stdout.splitlines()[1]), shown.stdout
+        assert time.monotonic() < deadline, f"the released job did not finish within 240 s: {shown.stdout}"
+        time.sleep(2)
+    assert re.fullmatch(r"0 +finished +200/200 .*", shown.stdout.splitlines()[1]), shown.stdout
+    assert "1 finished." in (sweep / "summary.md").read_text()
+    assert (sweep / "summary.png").stat().st_mtime > released  # the job wrote it; no command waited for it
     record = json.loads((sweep / "0" / "job.json").read_text())
     assert record["status"] == "finished" and record["resumed_from"] == "checkpoint_0"
     assert metrics(sweep / "0")["step"] == 200
@@ -230,3 +266,51 @@ def test_srun_layouts_two_nodes_through_the_launcher_and_one_sentence_refusals(c
         "GPUs) (on a cluster without GPUs, use hydra/launcher=slurm_cpu)."
     )
     assert "Traceback" not in refused.stderr
+
+    # A plain scancel, of a running job and of one still queued: Slurm ends them without submitit's result, and
+    # without sacct to ask, the waiting command still ends, with each job failed in one sentence and the summary.
+    cancelled = tmp_path / "cancelled"
+    args = [*mnist_args("test[:512]", "test[9800:]"), "trainer.max_steps=100000", "trainer.log_every_n_steps=10"]
+    launched = start_module(
+        "runner", *SLURM, "+hydra.launcher.additional_parameters.hold=true", f"hydra.sweep.dir={cancelled}", *args,
+        "seed=1,2", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    submitted = _wait_for(lambda: _submitted(cancelled, 2), "the submission", launched, timeout=120)
+    _slurm("scontrol", "release", submitted[0])
+    _wait_for(lambda: _steps(cancelled / "0" / "run.log"), "the first logged step", launched)
+    _slurm("scancel", submitted[0].split("_")[0])  # the array: its running task and its queued one
+    cancelled_at = time.monotonic()
+    _, stderr = launched.communicate(timeout=120)
+    assert launched.returncode == 1 and time.monotonic() - cancelled_at < 60, stderr[-3000:]
+    newest = max((cancelled / "0" / "checkpoints").iterdir(), key=lambda path: int(path.name.split("_")[1])).name
+    first = (
+        f"Slurm ended job {submitted[0]} as CANCELLED before it finished; {newest} is its newest checkpoint; continue "
+        f"it with `python -m runner resume={cancelled / '0'}`, or run the same sweep command again."
+    )
+    assert stderr.strip().splitlines()[-1] == (
+        f"runner: error: 2 sweep job(s) failed, first {cancelled / '0'} ({' '.join(args)} seed=1): {first} (all errors "
+        f"in {cancelled / 'summary.md'}; re-run the same command to retry them)."
+    )
+    records = [json.loads((cancelled / job / "job.json").read_text()) for job in ("0", "1")]
+    assert [(record["status"], record["error"]) for record in records] == [
+        ("failed", first),
+        ("failed", f"Slurm ended job {submitted[1]} as CANCELLED before it started; run the same sweep command again "
+                   "to run it."),
+    ]  # fmt: skip
+    summary = (cancelled / "summary.md").read_text()
+    assert "2 failed." in summary and "| 0 | failed | 1 |" in summary and "| 1 | failed | 2 |" in summary
+    assert "Traceback" not in stderr
+
+
+def _said(done: subprocess.CompletedProcess) -> list[str]:
+    """The lines a sweep command that does not wait printed about what it submitted."""
+    return [line for line in done.stdout.splitlines() if line.startswith("runner: submitted")]
+
+
+def _submitted(sweep: Path, count: int) -> list[str] | None:
+    """The Slurm job ids the sweep's jobs were submitted as, once all ``count`` are recorded."""
+    try:
+        recorded = json.loads((sweep / "slurm_jobs.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return [recorded[str(number)]["slurm_job"] for number in range(count)] if len(recorded) == count else None

@@ -11,8 +11,9 @@ from runner.cli.check import check_plugins
 from runner.config import ConfigError
 from runner.launch.lock import RunLock, is_locked
 from runner.sweeps import report
-from runner.sweeps.jobs import swept_keys
-from runner.sweeps.plan import contiguous, plan
+from runner.sweeps.job import record_ended
+from runner.sweeps.jobs import read_job, read_submissions, record_submissions, swept_keys
+from runner.sweeps.plan import contiguous, plan, still_in_slurm, submitted_line
 
 
 def _job(folder: Path, overrides: list[str], status: str, **extra) -> Path:
@@ -214,3 +215,92 @@ def test_the_last_job_of_a_grid_to_end_writes_the_plot_too(tmp_path):
     (tmp_path / "1" / "job.json").write_text(json.dumps({"overrides": ["optimizer.lr=0.002"], "status": "failed"}))
     summarise(tmp_path, plot=None)
     assert (tmp_path / "summary.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_slurm_job_each_job_was_submitted_as_is_recorded_in_the_sweep_folder(tmp_path):
+    assert read_submissions(tmp_path) == {}
+    record_submissions(tmp_path, {0: "17_0", 1: "17_1", 10: "17_2"}, at="2026-12-05T10:00:00.000+00:00")
+    record_submissions(tmp_path, {1: "18"}, at="2026-12-05T11:00:00.000+00:00")  # job 1 submitted again
+    assert read_submissions(tmp_path) == {
+        0: {"slurm_job": "17_0", "submitted_at": "2026-12-05T10:00:00.000+00:00"},
+        1: {"slurm_job": "18", "submitted_at": "2026-12-05T11:00:00.000+00:00"},
+        10: {"slurm_job": "17_2", "submitted_at": "2026-12-05T10:00:00.000+00:00"},
+    }
+    assert list(json.loads((tmp_path / "slurm_jobs.json").read_text())) == ["0", "1", "10"]
+    (tmp_path / "slurm_jobs.json").write_text("[1, 2]")
+    assert read_submissions(tmp_path) == {}  # not a record of ours: nothing is known
+
+
+def test_a_job_whose_slurm_job_is_still_queued_or_running_is_not_submitted_again():
+    submissions = {number: {"slurm_job": job, "submitted_at": "t"} for number, job in
+                   enumerate(["17_0", "17_1", "18", "19", "20", "21"])}  # fmt: skip
+    states = {"17_0": "RUNNING", "17_1": "CANCELLED", "18": "PENDING", "19": "GONE", "20": "REQUEUED",
+              "21": "COMPLETED"}  # fmt: skip
+    assert still_in_slurm([0, 1, 2, 3, 4, 5, 6], submissions, states) == {
+        0: ("17_0", "RUNNING"),
+        2: ("18", "PENDING"),
+        4: ("20", "REQUEUED"),
+    }  # 1, 3 and 5 ended without finishing (or they would not be asked about), 6 was never submitted
+    assert still_in_slurm([1, 3], submissions, states) == {}
+    assert still_in_slurm([0], submissions, {}) == {}  # Slurm no longer lists it
+
+
+def test_a_sweep_that_does_not_wait_says_what_it_submitted_and_how_to_follow_it(tmp_path):
+    follow = (
+        f"follow the sweep with `runner status {tmp_path}`; its summary ({tmp_path / 'summary.md'}) is complete when "
+        "the last job ends."
+    )
+    assert submitted_line(tmp_path, submitted=["17_0", "17_1"], still=[]) == (
+        f"runner: submitted 2 jobs to Slurm (17_0, 17_1) without waiting for them; {follow}"
+    )
+    assert submitted_line(tmp_path, submitted=["18"], still=[]) == (
+        f"runner: submitted 1 job to Slurm (18) without waiting for it; {follow}"
+    )
+    assert submitted_line(tmp_path, submitted=[], still=["17_0"]) == (
+        f"runner: submitted 0 jobs to Slurm (none) without waiting for them; 1 more still queued or running there "
+        f"(17_0); {follow}"
+    )
+
+
+def test_a_job_slurm_ended_is_recorded_failed_unless_it_recorded_its_own_end(tmp_path):
+    sentence = "Slurm ended job 17_0 as CANCELLED before it finished; ..."
+    for status in ("finished", "failed"):
+        _job(tmp_path / status, ["lr=1"], status, error="its own sentence" if status == "failed" else None)
+        before = read_job(tmp_path / status)
+        assert record_ended(tmp_path / status, ["lr=1"], sentence) == before == read_job(tmp_path / status)
+    for status in ("running", "stopped", "requeued"):
+        _job(tmp_path / status, ["lr=1"], status, error="stopped by SIGTERM ...", wall_time_s=12.5)
+        record = record_ended(tmp_path / status, ["lr=1"], sentence)
+        assert record == read_job(tmp_path / status)
+        assert (record["status"], record["error"], record["wall_time_s"]) == ("failed", sentence, 12.5)
+    record = record_ended(tmp_path / "never_started", ["lr=2"], sentence)  # cancelled in the queue: no folder yet
+    assert (
+        {k: v for k, v in read_job(tmp_path / "never_started").items() if k != "ended_at"}
+        == {"overrides": ["lr=2"], "status": "failed", "error": sentence}
+        == {k: v for k, v in record.items() if k != "ended_at"}
+    )
+
+
+def test_runner_status_shows_a_job_submitted_again_as_queued_until_it_starts(tmp_path, capsys):
+    from runner.cli.status import main as status
+
+    OmegaConf.save(
+        OmegaConf.create({"hydra": {
+            "sweeper": {"_target_": "hydra_plugins.runner_sweeper.resumable.ResumableSweeper", "params": None},
+            "overrides": {"task": ["optimizer.lr=1e-3,2e-3,3e-3"]},
+        }}),
+        tmp_path / "multirun.yaml",
+    )  # fmt: skip
+    (tmp_path / ".submitit" / "17").mkdir(parents=True)
+    earlier, later = "2026-12-05T10:00:00.000+00:00", "2026-12-05T11:00:00.000+00:00"
+    _job(tmp_path / "0", ["optimizer.lr=0.001"], "failed", error="Slurm ended job 17_0 ...", ended_at=earlier)
+    _job(tmp_path / "1", ["optimizer.lr=0.002"], "failed", error="Worker rank 1 failed: boom", ended_at=later)
+    record_submissions(tmp_path, {0: "17_0", 1: "17_1", 2: "17_2"}, at=earlier)
+    record_submissions(tmp_path, {0: "18_0", 2: "18_1"}, at="2026-12-05T10:30:00.000+00:00")
+    assert status([str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "job  status  step  train/loss  detail",
+        "0    queued  -     -           submitted to Slurm as job 18_0, not started yet",
+        "1    failed  -     -           Worker rank 1 failed: boom",  # failed after its latest submission
+        "2    queued  -     -           submitted to Slurm as job 18_1, not started yet",
+    ]
