@@ -11,7 +11,7 @@ from runner.engine.accelerator import Accelerator
 from runner.engine.checkpoint import CheckpointError, ProjectConfiguration
 from runner.engine.checkpoint.serialization import load_checkpoint_in_model
 from runner.engine.data import DataLoaderConfiguration
-from runner.engine.distributed import DistributedType
+from runner.engine.distributed import DistributedType, InitProcessGroupKwargs
 from runner.engine.launchers import debug_launcher, notebook_launcher
 from runner.engine.memory import find_executable_batch_size
 from runner.engine.ops import DistributedOperationException
@@ -41,6 +41,7 @@ __all__ = [
     "GeneralTracker",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs",
     "ParallelismConfig",
     "ProjectConfiguration",
     "debug_launcher",

@@ -11,6 +11,7 @@ and :class:`~runner.engine.tracking.verbs.TrackingVerbs` (``init_trackers``, ``l
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from runner.engine import ops
+from runner.engine import distributed, ops
 from runner.engine.checkpoint.checkpointer import Checkpointer
 from runner.engine.checkpoint.folders import ProjectConfiguration
 from runner.engine.checkpoint.verbs import CheckpointVerbs
@@ -58,7 +59,7 @@ from runner.engine.tracking.thread import TrackerThread
 from runner.engine.tracking.verbs import TrackingVerbs
 
 _SCHEDULER_TYPES = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-_KWARGS_HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, AutocastKwargs)
+_KWARGS_HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, AutocastKwargs, distributed.InitProcessGroupKwargs)
 _PARAMETER_DTYPES = {PrecisionType.BF16: torch.bfloat16, PrecisionType.FP16: torch.float16}  # FSDP2's param_dtype
 
 
@@ -69,7 +70,7 @@ def _sort_kwargs_handlers(handlers: list | None) -> dict[type, Any]:
         if kind is None:
             raise ValueError(
                 f"kwargs_handlers got {type(handler).__name__}; pass DistributedDataParallelKwargs, "
-                "GradScalerKwargs or AutocastKwargs."
+                "GradScalerKwargs, AutocastKwargs or InitProcessGroupKwargs."
             )
         if kind in found:
             raise ValueError(f"kwargs_handlers holds two {kind.__name__}; pass one.")
@@ -94,7 +95,8 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
             :class:`AcceleratedScheduler`); False steps them on every call.
         rng_types: Generators made identical on all ranks at the start of every epoch (rank 0's
             state wins): any of ``"torch"``, ``"cuda"``, ``"python"``, ``"numpy"``, ``"generator"``.
-        kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``, ``AutocastKwargs``.
+        kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``, ``AutocastKwargs``,
+            ``InitProcessGroupKwargs`` (the process group's backend, init method and collective timeout).
         gradient_accumulation_plugin: Accumulation settings; overrides ``gradient_accumulation_steps``.
         fsdp_plugin: Shard models with FSDP2 (see :class:`FullyShardedDataParallelPlugin`) instead of DDP.
         parallelism_config: Lay the processes out on an N-D mesh (see :class:`ParallelismConfig`): tensor
@@ -136,8 +138,11 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
     ) -> None:
         resolve_math_kernels()  # before any op this process runs on several threads (see runner.engine.numerics)
         env = read_environment(cpu=cpu)
-        init_process_group(env)
         handlers = _sort_kwargs_handlers(kwargs_handlers)
+        group = handlers.get(distributed.InitProcessGroupKwargs) or distributed.InitProcessGroupKwargs()
+        if group.backend is not None:
+            env = dataclasses.replace(env, backend=group.backend)
+        init_process_group(env, timeout=group.timeout, init_method=group.init_method)
         self._set_configurations(project_config, project_dir, dataloader_config, split_batches)
         self.device_placement, self.step_scheduler_with_optimizer = device_placement, step_scheduler_with_optimizer
         self.rng_types = list(rng_types) if rng_types is not None else ["generator"]

@@ -46,6 +46,23 @@ class DistributedType(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class InitProcessGroupKwargs:
+    """How the Accelerator joins the default process group (Accelerate's handler of the same name).
+
+    Args:
+        backend: ``"gloo"``, ``"nccl"``, ...; None takes the environment's (nccl on CUDA, gloo on CPU).
+        init_method: Where the processes meet (``"tcp://host:port"``, ``"file://..."``); None reads
+            MASTER_ADDR and MASTER_PORT, as torchrun and the elastic agent set them.
+        timeout: How long a collective waits for the other ranks before it fails; None keeps torch's
+            default (30 minutes for gloo, 10 for nccl).
+    """
+
+    backend: str | None = None
+    init_method: str | None = None
+    timeout: timedelta | None = None
+
+
+@dataclass(frozen=True)
 class DistributedEnvironment:
     """One process's place in the job. Build it with :func:`read_environment`."""
 
@@ -192,7 +209,9 @@ def barrier(env: DistributedEnvironment) -> None:
         dist.barrier()
 
 
-def init_process_group(env: DistributedEnvironment, *, timeout: timedelta | None = None) -> None:
+def init_process_group(
+    env: DistributedEnvironment, *, timeout: timedelta | None = None, init_method: str | None = None
+) -> None:
     """Join the default process group described by ``env`` unless this process already has one.
 
     The group is shared by every Accelerator in the process; it is created once and reused.
@@ -208,7 +227,7 @@ def init_process_group(env: DistributedEnvironment, *, timeout: timedelta | None
                 f"environment says rank {env.rank}/{env.world_size}; destroy it or fix RANK/WORLD_SIZE."
             )
         return
-    for name in ("MASTER_ADDR", "MASTER_PORT"):
+    for name in () if init_method else ("MASTER_ADDR", "MASTER_PORT"):
         if not os.environ.get(name):
             raise RuntimeError(
                 f"WORLD_SIZE={env.world_size} but {name} is not set; start the script with torchrun "
@@ -217,12 +236,14 @@ def init_process_group(env: DistributedEnvironment, *, timeout: timedelta | None
     kwargs = {"backend": env.backend, "rank": env.rank, "world_size": env.world_size}
     if timeout is not None:
         kwargs["timeout"] = timeout
+    if init_method is not None:
+        kwargs["init_method"] = init_method
     if env.backend == "nccl":
         # Binding the group to the device lets NCCL create its communicator eagerly and avoids the
         # "guessing device" warning and its barrier on the wrong GPU.
         kwargs["device_id"] = env.device
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
-    if restarted and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+    if restarted and init_method is None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         kwargs["store"] = _agent_store(env, timeout)
     dist.init_process_group(**kwargs)
     atexit.register(_destroy_process_group)

@@ -139,6 +139,7 @@ def elastic_run(
     monitor_interval: float = 0.05,
     rdzv_timeout: int = -1,
     log_line_prefix_template: str | None = None,
+    local_addr: str | None = None,
 ) -> dict[int, Any]:
     """Run ``function(*args)`` as this node's share of an elastic job; return the results by global rank.
 
@@ -154,7 +155,10 @@ def elastic_run(
         rdzv_backend: The rendezvous backend, when not the one ``node_rank`` implies.
         rdzv_configs: Options of the rendezvous backend (``rank`` is set from ``node_rank``).
         run_id: The job's id, the same on every node; a fresh one by default.
-        rdzv_timeout: Seconds to wait for every node to join the rendezvous (-1: torch's default, 900).
+        rdzv_timeout: Seconds to wait for every node to join the rendezvous, and for the others to join again after a
+            restart (-1: torch's default, 600 s for c10d).
+        local_addr: The address the other nodes reach this one at; None takes this machine's fully qualified
+            hostname, as torch does.
 
     Raises:
         ChildFailedError: When a worker fails (with no restarts left), with each failure's traceback.
@@ -165,6 +169,8 @@ def elastic_run(
     rdzv_configs = dict(rdzv_configs or {})
     if node_rank is not None:
         rdzv_configs["rank"] = node_rank
+    if rdzv_timeout != -1:  # LaunchConfig hands it on as "timeout", which only the static backend reads
+        rdzv_configs.setdefault("join_timeout", rdzv_timeout)
     rendezvous = {
         "rdzv_backend": rdzv_backend or ("c10d" if node_rank is None else "static"),
         "rdzv_configs": rdzv_configs,
@@ -181,6 +187,7 @@ def elastic_run(
         start_method=start_method,
         logs_specs=DefaultLogsSpecs(),
         log_line_prefix_template=log_line_prefix_template,
+        local_addr=local_addr,
         **rendezvous,
     )
     environment = dict(environment or {})

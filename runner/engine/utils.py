@@ -3,7 +3,7 @@
 from runner.engine.checkpoint import ProjectConfiguration
 from runner.engine.checkpoint.serialization import load_checkpoint_in_model
 from runner.engine.data import DataLoaderConfiguration
-from runner.engine.distributed import DistributedType
+from runner.engine.distributed import DistributedType, InitProcessGroupKwargs
 from runner.engine.environment import patch_environment
 from runner.engine.imports import (
     is_bf16_available,
@@ -52,6 +52,7 @@ __all__ = [
     "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs",
     "PrecisionType",
     "ProjectConfiguration",
     "broadcast",

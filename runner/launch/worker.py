@@ -6,6 +6,7 @@ import importlib
 import logging
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import preemption, trackers
 from runner.config import FSDPConfig
+from runner.launch import lost_nodes
 from runner.launch.environment import LaunchEnvironment
 from runner.layout import CONFIG_FILE, LOG_FILE, LOGS_DIR, OVERRIDES_FILE
 from runner.recipe_validation import recipe_module
@@ -47,12 +49,17 @@ def build_accelerator(cfg: DictConfig):
         DataLoaderConfiguration,
         DistributedDataParallelKwargs,
         FullyShardedDataParallelPlugin,
+        InitProcessGroupKwargs,
         ParallelismConfig,
         ProjectConfiguration,
     )
 
     project_dir = Path(cfg.project.project_dir)
     handlers, fsdp_plugin, parallelism_config = [], None, None
+    if cfg.trainer.num_nodes > 1:
+        # A collective waits for a lost node as long as a node waits for the others to join (not torch's 30
+        # minutes): then the ranks fail, and the launchers restart them or end, naming what was lost.
+        handlers.append(InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.trainer.rdzv_timeout)))
     options = {k: v for k, v in OmegaConf.to_container(cfg.parallel).items() if k != "strategy"}
     if cfg.parallel.strategy == "ddp":
         handlers.append(DistributedDataParallelKwargs(**options))
@@ -144,21 +151,37 @@ def run_worker(config: dict[str, Any], overrides: list[str], *, environment: Lau
     cfg = OmegaConf.create(config)
     configure_logging(rank=environment.global_rank, log_file=Path(cfg.project.project_dir) / LOG_FILE)
     pin_threads(environment.threads)
-    if environment.restart_count:  # what the launcher verified was an earlier save's start
-        from runner.engine.constants import VERIFIED_CHECKPOINT_ENV
-
-        os.environ.pop(VERIFIED_CHECKPOINT_ENV, None)
+    lost_nodes.worker_started()
     accelerator = build_accelerator(cfg)
     stamp("process group")
-    if environment.restart_count:  # the elastic agent restarted the workers: continue from the newest checkpoint
+    lost_nodes.record_hosts(cfg.trainer.node_rank)
+    restarts = _agreed_restart_count(environment.restart_count, accelerator.device)
+    if restarts:  # the elastic agents restarted the workers: continue from the newest checkpoint
+        from runner.engine.constants import VERIFIED_CHECKPOINT_ENV
+
+        os.environ.pop(VERIFIED_CHECKPOINT_ENV, None)  # what the launcher verified was an earlier save's start
         newest = _newest_checkpoint(cfg.project.project_dir, accelerator)
         if newest is not None:
-            logger.warning("Restart %d: resuming from %s", environment.restart_count, newest)
+            logger.warning("Restart %d: resuming from %s", restarts, newest)
             cfg.resume = str(newest)
     record_config_in_checkpoints(accelerator, config, overrides)
     recipe = importlib.import_module(recipe_module(cfg.recipe))
     logger.info("Running recipe %s on %s", cfg.recipe, accelerator)
     return recipe.train(cfg, accelerator)
+
+
+def _agreed_restart_count(count: int, device) -> int:
+    """The highest restart count of any rank. An agent restarts its node's workers without counting it when
+    another node's workers failed and restarted (torch counts a membership change as no failure): those
+    workers see 0 and must resume all the same."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return count
+    value = torch.tensor([count], dtype=torch.int64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return int(value.item())
 
 
 def _newest_checkpoint(project_dir: str, accelerator) -> Path | None:
@@ -184,6 +207,9 @@ def run_worker_process(config: dict[str, Any], overrides: list[str]) -> float | 
         preemption.release()  # a further signal may now end the process: nothing is left to lose
         exit_without_finalizing(preemption.EXIT_CODE)
         sys.exit(preemption.EXIT_CODE)
+    except BaseException:
+        lost_nodes.worker_failed()  # a launch on several nodes watches for a failure its agent never handles
+        raise
     exit_without_finalizing(0)
     return objective
 

@@ -1,6 +1,8 @@
-"""Debug mode: gather, reduce, broadcast and pad_across_processes check shapes across processes first."""
+"""Debug mode: gather, reduce, broadcast and pad_across_processes check shapes across processes first. The group
+these workers start also shows InitProcessGroupKwargs at work."""
 
 import os
+from datetime import timedelta
 
 import pytest
 import torch
@@ -8,7 +10,7 @@ import torch.distributed as dist
 
 import runner.engine
 import runner.engine.utils
-from runner.engine import Accelerator
+from runner.engine import Accelerator, InitProcessGroupKwargs
 from runner.engine.constants import ACCELERATE_DEBUG_MODE_ENV, DEBUG_MODE_ENV
 from runner.engine.ops import DistributedOperationException, is_debug_mode
 from tests.distributed.conftest import launch_workers
@@ -46,9 +48,10 @@ def _matching_calls(accelerator, rank):
 
 
 def _debug_mode_on_two_processes():
-    accelerator = Accelerator()
+    accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="gloo", timeout=timedelta(seconds=42))])
     rank = accelerator.process_index
     out = {"off": _matching_calls(accelerator, rank)}
+    out["group"] = (dist.get_backend(), dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout)
 
     os.environ[ACCELERATE_DEBUG_MODE_ENV] = "1"
     out["gather"] = _error(accelerator.gather, torch.zeros(2, 3) if rank == 0 else torch.zeros(3))
@@ -73,6 +76,10 @@ def results():
         for name in ("RANK", "WORLD_SIZE", DEBUG_MODE_ENV, ACCELERATE_DEBUG_MODE_ENV):
             env.delenv(name, raising=False)
         yield launch_workers(_debug_mode_on_two_processes)
+
+
+def test_the_group_is_joined_with_the_init_process_group_kwargs_given(results):
+    assert [result["group"] for result in results] == [("gloo", timedelta(seconds=42))] * 2
 
 
 def test_mismatched_gather_raises_on_every_rank_with_each_process_shapes(results):

@@ -22,6 +22,7 @@ import atexit
 import collections
 import contextlib
 import multiprocessing
+import multiprocessing.util
 import os
 import pickle
 import signal
@@ -98,6 +99,9 @@ class TrackerProcess:
         theirs.close()  # the child's end lives in the child: its exit is this end's EOF
         self.trackers = [RemoteTracker(self, tracker) for tracker in trackers]
         atexit.register(self.close)  # before multiprocessing's own exit handler, which would wait for the child
+        # A process forked by multiprocessing (an elastic worker) leaves through multiprocessing's exit function, not
+        # atexit: it joins its children, and the child waits for this end to close. Close it first there too.
+        multiprocessing.util.Finalize(self, self.close, exitpriority=100)
         self._sender = threading.Thread(target=self._send_loop, name="runner-trackers-sender", daemon=True)
         self._sender.start()
 
