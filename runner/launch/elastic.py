@@ -119,7 +119,7 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
             except ChildFailedError as error:
                 rank, detail = root_cause(error.failures)
                 if watch is not None and _LOST_CONNECTION.search(detail):
-                    raise WorkerFailed(watch.sentence(f"rank {rank}'s collective went unanswered ({detail})")) from None
+                    raise WorkerFailed(watch.sentence(f"rank {rank}'s collective failed ({detail})")) from None
                 raise
     except SignalException as error:  # this process got the signal; the workers have stopped and saved
         raise preemption.Preempted(_signal_name(error.sigval), step=-1) from None

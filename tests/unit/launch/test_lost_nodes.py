@@ -7,9 +7,11 @@ import sys
 import tempfile
 
 import pytest
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
+import runner.engine.launchers
 from runner.engine.launchers import elastic_run
-from runner.launch import lost_nodes
+from runner.launch import elastic, lost_nodes
 from runner.launch.elastic import _interface_of
 from runner.launch.lost_nodes import FOLDER_ENV, NodeWatch
 
@@ -66,3 +68,27 @@ def test_a_node_names_the_node_it_lost_the_checkpoint_to_continue_from_and_the_c
     assert "lost the other nodes: " in node0.sentence("x")  # before the workers named the hosts
     (node0.folder / "nodes.json").write_text(json.dumps({"0": "host-a", "1": "host-b", "2": "host-c"}))
     assert "lost one or more of node 1 (host-b), node 2 (host-c): " in node0.sentence("x")
+
+
+def test_a_rank_whose_collective_timed_out_on_several_nodes_ends_the_launch_naming_the_lost_node(monkeypatch, tmp_path):
+    error_file = tmp_path / "attempt_0" / "0" / "error.json"
+    error_file.parent.mkdir(parents=True)
+    timed_out = "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 6000ms for send operation"
+    extra = {"py_callstack": "", "timestamp": "0"}
+    error_file.write_text(json.dumps({"message": {"message": timed_out, "extraInfo": extra}}))
+
+    def fails(*args, **kwargs):
+        failure = ProcessFailure(local_rank=0, pid=1000, exitcode=1, error_file=str(error_file))
+        raise ChildFailedError("run_worker_process", {0: failure})
+
+    monkeypatch.setattr(runner.engine.launchers, "elastic_run", fails)
+    monkeypatch.setattr(elastic.forkserver, "start", lambda: None)
+    monkeypatch.setattr("socket.gethostname", lambda: "host-b")
+    config = {"trainer": {**TRAINER, "max_restarts": 0}, "project": {"project_dir": str(tmp_path / "run")}}
+    with pytest.raises(elastic.WorkerFailed) as failed:
+        elastic._elastic_launch(config, [], num_processes=1, num_nodes=2)
+    assert str(failed.value).startswith(
+        "node 1 (host-b) lost node 0 (the rendezvous host trainer.rdzv_endpoint=10.1.2.3:29500): rank 0's collective "
+        f"failed ({timed_out}) (trainer.rdzv_timeout=10); "
+        "no checkpoint was completed;"
+    )
