@@ -115,6 +115,8 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
             except RendezvousError as error:  # several nodes: after a failure, the others did not come back
                 if watch is None:
                     raise
+                if not watch.workers_started:
+                    raise WorkerFailed(watch.never_met(num_nodes)) from None
                 raise WorkerFailed(watch.sentence(_rendezvous_failure(error, trainer))) from None
             except ChildFailedError as error:
                 rank, detail = root_cause(error.failures)

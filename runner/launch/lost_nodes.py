@@ -129,6 +129,20 @@ class NodeWatch:
         logging.shutdown()
         os._exit(1)
 
+    @property
+    def workers_started(self) -> bool:
+        """Whether this node's workers started at least once (the nodes met)."""
+        return self._stamp("started") is not None
+
+    def never_met(self, num_nodes: int) -> str:
+        """One sentence for a first rendezvous that did not gather every node in time."""
+        return (
+            f"node {self.node_rank} ({socket.gethostname()}): not every node joined the rendezvous at "
+            f"trainer.rdzv_endpoint={self.endpoint} within trainer.rdzv_timeout={self.timeout} s; start all "
+            f"{num_nodes} nodes (trainer.node_rank=0 to {num_nodes - 1}) with the same trainer.rdzv_endpoint and "
+            "project.project_dir, or give a larger trainer.rdzv_timeout."
+        )
+
     def sentence(self, what: str) -> str:
         """One sentence: which node this is, which it lost and how, the run's newest intact checkpoint and how to
         continue from it."""

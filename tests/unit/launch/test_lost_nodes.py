@@ -92,3 +92,22 @@ def test_a_rank_whose_collective_timed_out_on_several_nodes_ends_the_launch_nami
         f"failed ({timed_out}) (trainer.rdzv_timeout=10); "
         "no checkpoint was completed;"
     )
+
+
+def test_a_first_rendezvous_that_times_out_says_which_nodes_to_start(monkeypatch, tmp_path):
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+
+    def times_out(*args, **kwargs):
+        raise RendezvousTimeoutError
+
+    monkeypatch.setattr(runner.engine.launchers, "elastic_run", times_out)
+    monkeypatch.setattr(elastic.forkserver, "start", lambda: None)
+    monkeypatch.setattr("socket.gethostname", lambda: "host-a")
+    config = {"trainer": {**TRAINER, "node_rank": 0, "max_restarts": 0}, "project": {"project_dir": str(tmp_path)}}
+    with pytest.raises(elastic.WorkerFailed) as failed:
+        elastic._elastic_launch(config, [], num_processes=1, num_nodes=3)
+    assert str(failed.value) == (
+        "node 0 (host-a): not every node joined the rendezvous at trainer.rdzv_endpoint=10.1.2.3:29500 within "
+        "trainer.rdzv_timeout=10 s; start all 3 nodes (trainer.node_rank=0 to 2) with the same trainer.rdzv_endpoint "
+        "and project.project_dir, or give a larger trainer.rdzv_timeout."
+    )
