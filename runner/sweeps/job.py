@@ -103,8 +103,7 @@ class SweepJob:
             self.record.pop("ended_at", None)
         else:
             self.record["ended_at"] = now()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        write_text_atomically(self.folder / JOB_FILE, json.dumps(self.record, indent=2, sort_keys=True) + "\n")
+        _write_record(self.folder, self.record)
 
 
 def record_ended(folder: Path, overrides: list[str], error: str) -> dict[str, Any]:
@@ -115,9 +114,13 @@ def record_ended(folder: Path, overrides: list[str], error: str) -> dict[str, An
     if record.get("status") in (FINISHED, FAILED):
         return record
     record.update(status=FAILED, error=error, ended_at=now())
+    _write_record(folder, record)
+    return record
+
+
+def _write_record(folder: Path, record: dict[str, Any]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     write_text_atomically(folder / JOB_FILE, json.dumps(record, indent=2, sort_keys=True) + "\n")
-    return record
 
 
 def apply_thread_budget(num_processes: int) -> int | None:

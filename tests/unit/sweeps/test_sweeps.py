@@ -51,13 +51,7 @@ def test_plan_skips_finished_jobs_reruns_the_rest_and_flags_another_sweeps_folde
 
 
 def test_report_lists_pending_grid_jobs_and_tells_interrupted_from_running(tmp_path):
-    OmegaConf.save(
-        OmegaConf.create({"hydra": {
-            "sweeper": {"_target_": "hydra_plugins.runner_sweeper.resumable.ResumableSweeper", "params": None},
-            "overrides": {"task": ["trainer.max_steps=5", "optimizer.lr=1e-3,3e-3", "data.batch_size=16,32"]},
-        }}),
-        tmp_path / "multirun.yaml",
-    )  # fmt: skip
+    _grid_sweep(tmp_path, ["trainer.max_steps=5", "optimizer.lr=1e-3,3e-3", "data.batch_size=16,32"])
     grid = [["trainer.max_steps=5", f"optimizer.lr={lr}", f"data.batch_size={bs}"]
             for lr in ("0.001", "0.003") for bs in ("16", "32")]  # fmt: skip
     objective = {"name": "eval/accuracy", "direction": "maximize"}
@@ -147,13 +141,7 @@ def _logged(run: Path, *lines: str) -> None:
 def test_runner_status_shows_each_job_of_a_slurm_sweep_from_its_folder(tmp_path, capsys):
     from runner.cli.status import main as status
 
-    OmegaConf.save(
-        OmegaConf.create({"hydra": {
-            "sweeper": {"_target_": "hydra_plugins.runner_sweeper.resumable.ResumableSweeper", "params": None},
-            "overrides": {"task": ["trainer.max_steps=300", "optimizer.lr=1e-3,2e-3,3e-3,4e-3,5e-3"]},
-        }}),
-        tmp_path / "multirun.yaml",
-    )  # fmt: skip
+    _grid_sweep(tmp_path, ["trainer.max_steps=300", "optimizer.lr=1e-3,2e-3,3e-3,4e-3,5e-3"])
     (tmp_path / ".submitit" / "17").mkdir(parents=True)  # submitted through hydra/launcher=slurm
     grid = [["trainer.max_steps=300", f"optimizer.lr={lr}"] for lr in ("0.001", "0.002", "0.003", "0.004", "0.005")]
     objective = {"name": "eval/accuracy", "direction": "maximize"}
@@ -199,13 +187,7 @@ def test_runner_status_shows_each_job_of_a_slurm_sweep_from_its_folder(tmp_path,
 def test_the_last_job_of_a_grid_to_end_writes_the_plot_too(tmp_path):
     from runner.sweeps.summary import summarise
 
-    OmegaConf.save(
-        OmegaConf.create({"hydra": {
-            "sweeper": {"_target_": "hydra_plugins.runner_sweeper.resumable.ResumableSweeper", "params": None},
-            "overrides": {"task": ["optimizer.lr=1e-3,2e-3"]},
-        }}),
-        tmp_path / "multirun.yaml",
-    )  # fmt: skip
+    _grid_sweep(tmp_path, ["optimizer.lr=1e-3,2e-3"])
     _job(tmp_path / "0", ["optimizer.lr=0.001"], "finished")
     summarise(tmp_path, plot=None)  # job 1 has not run yet: the table only
     assert (tmp_path / "summary.md").is_file() and not (tmp_path / "summary.png").exists()
@@ -284,13 +266,7 @@ def test_a_job_slurm_ended_is_recorded_failed_unless_it_recorded_its_own_end(tmp
 def test_runner_status_shows_a_job_submitted_again_as_queued_until_it_starts(tmp_path, capsys):
     from runner.cli.status import main as status
 
-    OmegaConf.save(
-        OmegaConf.create({"hydra": {
-            "sweeper": {"_target_": "hydra_plugins.runner_sweeper.resumable.ResumableSweeper", "params": None},
-            "overrides": {"task": ["optimizer.lr=1e-3,2e-3,3e-3"]},
-        }}),
-        tmp_path / "multirun.yaml",
-    )  # fmt: skip
+    _grid_sweep(tmp_path, ["optimizer.lr=1e-3,2e-3,3e-3"])
     (tmp_path / ".submitit" / "17").mkdir(parents=True)
     earlier, later = "2026-12-05T10:00:00.000+00:00", "2026-12-05T11:00:00.000+00:00"
     _job(tmp_path / "0", ["optimizer.lr=0.001"], "failed", error="Slurm ended job 17_0 ...", ended_at=earlier)
@@ -304,3 +280,14 @@ def test_runner_status_shows_a_job_submitted_again_as_queued_until_it_starts(tmp
         "1    failed  -     -           Worker rank 1 failed: boom",  # failed after its latest submission
         "2    queued  -     -           submitted to Slurm as job 18_1, not started yet",
     ]
+
+
+def _grid_sweep(folder, task: list[str]) -> None:
+    """The multirun.yaml the resumable sweeper saves for a grid sweep of ``task`` (the typed overrides)."""
+    OmegaConf.save(
+        OmegaConf.create({"hydra": {
+            "sweeper": {"_target_": "hydra_plugins.runner_sweeper.resumable.ResumableSweeper", "params": None},
+            "overrides": {"task": task},
+        }}),
+        folder / "multirun.yaml",
+    )  # fmt: skip
