@@ -115,20 +115,29 @@ class SlurmCluster:
             deadline = time.monotonic() + 30  # each job's processes end before the daemons that watch them
             while self._jobs() and time.monotonic() < deadline:
                 time.sleep(0.2)
-        daemons = [f"slurmd-{name}" for names in self.nodes.values() for name in names] + ["slurmctld", "munged"]
+        # The nodes' daemons together, then the controller and munge, which they report to, together.
+        self._terminate([f"slurmd-{name}" for names in self.nodes.values() for name in names])
+        self._terminate(["slurmctld", "munged"])
+
+    def _terminate(self, daemons: list[str]) -> None:
+        """SIGTERM to each daemon at once; SIGKILL to any still alive 10 s later."""
+        pids = []
         for daemon in daemons:
             pid = self._pid(daemon)
-            if pid is None:
-                continue
             try:
-                os.kill(pid, signal.SIGTERM)
+                if pid is not None:
+                    os.kill(pid, signal.SIGTERM)
+                    pids.append(pid)
             except ProcessLookupError:
-                continue
-            deadline = time.monotonic() + 10
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if _alive(pid):
+                pass
+        deadline = time.monotonic() + 10
+        while any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in filter(_alive, pids):
+            try:
                 os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # it ended meanwhile
+                pass
 
     def _jobs(self) -> list[str]:
         done = subprocess.run(["squeue", "-h", "-o", "%i %T"], env=self._env(), capture_output=True, text=True)
