@@ -8,6 +8,9 @@
 - `import runner.engine` vs `import torch`, each in a fresh interpreter, interleaved (target <= 1.1x).
 - `python -m runner` and `experiment=mnist_ddp` (1 step, small MNIST slices) from the command to the
   first optimizer step, split into the phases the runner stamps (see runner/startup.py).
+- The other end: seconds from the command's last line of output to its exit (its work after its last log line,
+  then the interpreter's end), against a plain script that imports what a run imports (torch, torch._dynamo,
+  torchmetrics), prints a line and ends.
 
 MNIST is read from --data (default ../shared/data/mnist beside the checkout).
 """
@@ -28,8 +31,24 @@ from common import Report, arguments, interleave
 STARTUP_LINE = re.compile(r"Start-up: first optimizer step ([\d.]+) s after the command \((.*)\)")
 
 
+PLAIN_SCRIPT = "import torch, torch._dynamo, torchmetrics; print('done', flush=True)"
+
+
 def python(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def timed_lines(*args: str, cwd: Path, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """``python ARGS`` run to its end (stdout and stderr as one), and the seconds from its last line to its exit."""
+    process = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    lines, last = [], time.perf_counter()
+    for line in process.stdout:
+        lines.append(line)
+        last = time.perf_counter()
+    process.wait(timeout=600)
+    ended = time.perf_counter()
+    return subprocess.CompletedProcess(process.args, process.returncode, "".join(lines), ""), ended - last
 
 
 def imports_torch(*args: str, cwd: Path) -> bool:
@@ -39,15 +58,16 @@ def imports_torch(*args: str, cwd: Path) -> bool:
 
 
 def first_step(overrides: list[str], data: str, cwd: Path) -> dict[str, float]:
-    """Seconds from launching the command to the first optimizer step, and per phase."""
+    """Seconds from launching the command to the first optimizer step, per phase, and from its last line to its
+    exit."""
     env = {**os.environ, "RUNNER_STARTUP": f"spawned={time.time():.6f}"}
     args = ["-m", "runner", *overrides, f"data.root={data}", 'data.train_split="test[:1024]"',
             'data.eval_split="test[1024:1280]"', "trainer.max_steps=1", "trainer.progress_bar=false"]  # fmt: skip
-    result = python(*args, cwd=cwd, env=env)
-    match = STARTUP_LINE.search(result.stdout + result.stderr)
+    result, after_last_line = timed_lines(*args, cwd=cwd, env=env)
+    match = STARTUP_LINE.search(result.stdout)
     if result.returncode != 0 or match is None:
-        raise RuntimeError(f"python -m runner {' '.join(overrides)} failed:\n{result.stderr[-3000:]}")
-    phases = {"total": float(match.group(1))}
+        raise RuntimeError(f"python -m runner {' '.join(overrides)} failed:\n{result.stdout[-3000:]}")
+    phases = {"total": float(match.group(1)), "exit": after_last_line}
     for part in match.group(2).split(", "):
         name, seconds, _ = part.rsplit(" ", 2)
         phases[name] = float(seconds)
@@ -77,12 +97,17 @@ def main() -> None:
         report.value("rejected override imports torch", float(rejected), "(0 = no)")
         report.ratio("import runner.engine / import torch", quick["import runner.engine"] / quick["import torch"],
                      "<= 1.1x")  # fmt: skip
+        plain = statistics.median(timed_lines("-c", PLAIN_SCRIPT, cwd=cwd)[1] for _ in range(runs))
+        report.value("plain script with a run's imports: last line to exit (s)", plain, "s")
         for label, overrides in {"python -m runner": [], "experiment=mnist_ddp": ["experiment=mnist_ddp"]}.items():
             samples = [first_step(overrides, args.data, cwd) for _ in range(runs)]
             medians = {phase: statistics.median(s[phase] for s in samples) for phase in samples[0]}
             report.value(f"{label}: to first step (s)", medians.pop("total"), "s")
+            exit_seconds = medians.pop("exit")
             for phase, seconds in medians.items():
                 report.value(f"  {phase}", seconds, "s")
+            report.value(f"{label}: last line to exit (s)", exit_seconds, "s")
+            report.ratio(f"{label}: last line to exit / plain script's", exit_seconds / plain)
     report.finish(args.json)
 
 

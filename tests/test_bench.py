@@ -63,6 +63,9 @@ def test_every_benchmark_runs_and_reports_its_ratios(tmp_path, name):
     if name == "startup":
         assert report["values"]["--help imports torch"] == 0  # --help never imports torch
         assert report["values"]["rejected override imports torch"] == 0
+        assert {label for label in report["ratios"] if "last line to exit" in label} == {
+            f"{command}: last line to exit / plain script's" for command in ("python -m runner", "experiment=mnist_ddp")
+        }  # a run's end, beside a plain script's that imports as much
 
 
 def test_paired_ratio_cancels_the_machines_drift(monkeypatch):

@@ -25,7 +25,9 @@ def main() -> None:
     (:mod:`runner.cli.generate`).
     """
     from runner.launch.commands import command_of, run_command
+    from runner.startup import skip_collection_at_exit
 
+    skip_collection_at_exit()
     if (script_command := command_of(sys.argv[1:])) is not None:
         sys.exit(run_command(script_command, sys.argv[2:]))
     if sys.argv[1:2] == ["export"]:  # a run's model as plain files: runner/cli/export.py

@@ -42,11 +42,14 @@ class HydraApp:
         return main(cfg, self.command)
 
     def __setstate__(self, state: dict) -> None:
-        """Unpickled in a launcher's worker process (joblib's), which composes its job's config itself."""
+        """Unpickled in a launcher's worker process (joblib's, a Slurm job's), which composes its job's config itself
+        and ends as the launching process does (without collecting garbage: see runner.startup)."""
         from runner.cli import quiet_plugin_schema_warning
+        from runner.startup import skip_collection_at_exit
 
         self.__dict__.update(state)
         quiet_plugin_schema_warning()
+        skip_collection_at_exit()
 
 
 def run_hydra(command: CommandLine) -> None:

@@ -17,13 +17,22 @@ start_method="forkserver")`` does both.
 
 from __future__ import annotations
 
+import atexit
 import functools
+import gc
 import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from multiprocessing import forkserver
 from typing import Any
+
+# Set in the server's environment while start() starts it (runner.launch.forkserver.start too), and taken out of it
+# here: the server, which imports this module first, ends without collecting garbage over the modules it preloaded
+# (a second of CPU once torch is imported; see runner.startup.skip_collection_at_exit).
+SERVER_ENV = "RUNNER_FORKSERVER"
+if os.environ.pop(SERVER_ENV, None):
+    atexit.register(gc.freeze)
 
 # Taken when this module is imported. The server imports it first (see start()); a worker forked from a server
 # that did not imports it while it unpickles its function, before torch's agent sets the rank's variables. In a
@@ -38,7 +47,11 @@ def start(preload: Iterable[str] = ("torch",)) -> None:
     server runs, its modules are fixed: a later call with other modules changes nothing.
     """
     multiprocessing.set_forkserver_preload([__name__, *preload])
-    forkserver.ensure_running()
+    os.environ[SERVER_ENV] = "1"
+    try:
+        forkserver.ensure_running()
+    finally:
+        del os.environ[SERVER_ENV]
 
 
 def entry(function: Callable[..., Any]) -> Callable[..., Any]:

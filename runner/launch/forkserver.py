@@ -11,15 +11,21 @@ start before torch is imported here.
 from __future__ import annotations
 
 import multiprocessing
+import os
 from multiprocessing import forkserver
 
 # runner.engine.forkserver first: its environment snapshot is the server's (see there).
 PRELOAD = ("runner.engine.forkserver", "torch", "torch._dynamo", "torchmetrics", "runner.launch.worker",
            "runner.training")  # fmt: skip
+SERVER_ENV = "RUNNER_FORKSERVER"  # runner.engine.forkserver.SERVER_ENV, which this module cannot import (torch)
 
 
 def start() -> None:
     """Start the forkserver with :data:`PRELOAD` imported in it, unless it runs already (it imports in the background;
     ``runner.engine.forkserver.start`` does the same, but importing it here would import torch first)."""
     multiprocessing.set_forkserver_preload(list(PRELOAD))  # the server skips any that does not import
-    forkserver.ensure_running()
+    os.environ[SERVER_ENV] = "1"  # marks the server as runner.engine.forkserver.start does
+    try:
+        forkserver.ensure_running()
+    finally:
+        del os.environ[SERVER_ENV]

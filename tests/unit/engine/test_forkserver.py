@@ -1,8 +1,10 @@
-"""Workers forked from the preloaded server run in the launching process's environment of the launch."""
+"""Workers forked from the preloaded server run in the launching process's environment of the launch; the server and
+the launching process end without collecting garbage."""
 
 import multiprocessing
 import os
 import pickle
+import subprocess
 import sys
 
 from runner.engine import forkserver
@@ -39,3 +41,44 @@ def test_a_forked_worker_starts_its_own_processes_as_a_fresh_process_would(monke
     monkeypatch.setattr(default, "_actual_context", multiprocessing.get_context("forkserver"))
     forkserver._run_in_launch_environment(_environment, dict(os.environ))
     assert multiprocessing.get_start_method() == ("forkserver" if sys.version_info >= (3, 14) else "fork")
+
+
+# Registered first, so it runs after the others: whether the process was frozen when its interpreter began to end.
+ENDS_WITHOUT_COLLECTING = """
+import atexit, gc, multiprocessing, os
+atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0, flush=True))
+from runner.startup import skip_collection_at_exit
+before = atexit._ncallbacks()
+skip_collection_at_exit()
+skip_collection_at_exit()
+print("exit handlers added:", atexit._ncallbacks() - before)
+from runner.engine import forkserver
+forkserver.start(preload=())
+server = multiprocessing.forkserver._forkserver._forkserver_pid
+with open(f"/proc/{server}/environ", "rb") as environ:
+    print("server started marked:", b"RUNNER_FORKSERVER=1" in environ.read().split(b"\\0"))
+print("marked here:", forkserver.SERVER_ENV in os.environ)
+with multiprocessing.get_context("forkserver").Pool(1) as pool:
+    print("marked in the server:", pool.apply(os.getenv, (forkserver.SERVER_ENV,)))
+"""
+
+
+# A launcher's worker process (a Slurm job's, joblib's) unpickles the task function, and ends as the launcher does.
+LAUNCHER_WORKER = """
+import atexit, gc, pickle
+atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0, flush=True))
+from runner.cli.app import HydraApp
+pickle.loads(pickle.dumps(HydraApp()))
+"""
+
+
+def test_the_launching_process_and_the_server_end_without_collecting_garbage():
+    # The server took the mark out of its environment where it registered its own gc.freeze; this process kept none.
+    done = subprocess.run([sys.executable, "-c", ENDS_WITHOUT_COLLECTING], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "exit handlers added: 1", "server started marked: True", "marked here: False", "marked in the server: None",
+        "frozen at exit: True",
+    ]  # fmt: skip
+    worker = subprocess.run([sys.executable, "-c", LAUNCHER_WORKER], capture_output=True, text=True, timeout=120)
+    assert (worker.returncode, worker.stdout) == (0, "frozen at exit: True\n"), worker.stderr[-3000:]

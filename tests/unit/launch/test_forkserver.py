@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from runner.launch.forkserver import PRELOAD
+from runner.launch.forkserver import PRELOAD, SERVER_ENV
 
 # Every way torch starts CUDA in a process (after which a forked child cannot use it), counted while PRELOAD imports.
 PROBE = f"""
@@ -29,3 +29,9 @@ def test_the_preloaded_modules_never_ask_torch_about_cuda_while_they_import():
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_server_is_marked_as_the_engines_start_marks_it():
+    from runner.engine import forkserver  # this module cannot import it (torch): the name is written twice
+
+    assert SERVER_ENV == forkserver.SERVER_ENV
