@@ -34,9 +34,11 @@ import tempfile
 import threading
 from pathlib import Path
 
-# What a run imports before its first step (the launching process and, forked, its workers).
+# What a run imports before its first step (the launching process and, forked, its workers), and what the Hugging Face
+# presets add where the extras are installed (torchmetrics has imported transformers already, if it is).
 PRELOAD = ("torch", "torch._dynamo", "torchmetrics", "hydra", "omegaconf", "runner.cli", "runner.cli.app",
            "runner.launch.worker", "runner.training", "tensorboard", "safetensors.torch")  # fmt: skip
+PRELOAD_IF_INSTALLED = ("transformers.models.gpt2.modeling_gpt2", "datasets", "peft")
 
 
 class _Server:
@@ -163,6 +165,9 @@ def _serve(address: str) -> dict:
     """Accept commands and fork a child for each; return the command in the child (never in the server)."""
     for name in PRELOAD:
         __import__(name)
+    for name in PRELOAD_IF_INSTALLED:
+        with contextlib.suppress(ImportError):
+            __import__(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(64)

@@ -144,14 +144,15 @@ def test_your_own_run_resumes_and_anyone_elses_is_refused_before_its_code_is_imp
 
 
 class MLflowServer:
-    """A real MLflow tracking server on loopback, its access log kept: a request it was sent shows there."""
+    """A real MLflow tracking server on loopback (one worker process, not its default four), its access log kept: a
+    request it was sent shows there."""
 
     def __init__(self, folder):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = folder / "server.log"
         command = [
-            sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
+            sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
             "--backend-store-uri", f"sqlite:///{folder / 'store.db'}", "--default-artifact-root", str(folder / "art"),
         ]  # fmt: skip
         with open(self.log, "w") as log:
