@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 # What a run imports before its first step (the launching process and, forked, its workers), and what the Hugging Face
 # presets add where the extras are installed (torchmetrics has imported transformers already, if it is).
@@ -83,14 +84,16 @@ class Launched:
     ``pid`` (signals reach it, and its own children are its), ``poll``, ``wait``, ``communicate``, ``send_signal``,
     ``kill`` and ``returncode``."""
 
-    def __init__(self, module: str, args: tuple[str, ...], *, cwd: Path | str, env: dict[str, str]) -> None:
+    def __init__(
+        self, module: str, args: tuple[str, ...], *, cwd: Path | str, env: dict[str, str], host: Host | None = None
+    ) -> None:
         _SERVER.ensure_running()
         self.args = ["python", "-m", module, *args]
         self.returncode: int | None = None
         self._streams = tempfile.TemporaryDirectory(dir=_SERVER.folder)
         self._out, self._err = Path(self._streams.name) / "stdout", Path(self._streams.name) / "stderr"
         request = {"module": module, "argv": list(args), "cwd": str(cwd), "env": env, "stdout": str(self._out),
-                   "stderr": str(self._err)}  # fmt: skip
+                   "stderr": str(self._err), "host": host._asdict() if host else None}  # fmt: skip
         self._connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._connection.connect(_SERVER.address)
         self._connection.sendall(json.dumps(request).encode() + b"\n")
@@ -129,6 +132,11 @@ class Launched:
         self._streams.cleanup()
         return streams
 
+    @property
+    def stderr_path(self) -> Path:
+        """Where the command's standard error goes, as it writes it (until :meth:`communicate` returns)."""
+        return self._err
+
     def send_signal(self, signum: int) -> None:
         if self.returncode is None:
             os.kill(self.pid, signum)
@@ -137,9 +145,19 @@ class Launched:
         self.send_signal(signal.SIGKILL)
 
 
-def start_module(module: str, *args: str, cwd: Path | str, env: dict[str, str]) -> Launched:
-    """Start ``python -m module *args`` in ``cwd`` with exactly the environment ``env``; return at once."""
-    return Launched(module, args, cwd=cwd, env=env)
+class Host(NamedTuple):
+    """Where a command runs as ``ip netns exec NAMESPACE [unshare --uts sh -c 'hostname HOSTNAME && ...']`` would run
+    it: in the network namespace (and its /etc/netns/NAMESPACE files over /etc), with a hostname of its own if one is
+    given; the command is the leader of a session of its own."""
+
+    namespace: str
+    hostname: str | None = None
+
+
+def start_module(module: str, *args: str, cwd: Path | str, env: dict[str, str], host: Host | None = None) -> Launched:
+    """Start ``python -m module *args`` in ``cwd`` with exactly the environment ``env`` (on ``host``, where given);
+    return at once."""
+    return Launched(module, args, cwd=cwd, env=env, host=host)
 
 
 def run_module(
@@ -220,6 +238,8 @@ def _become(request: dict, base_path: list[str]) -> None:
         opened = os.open(path, flags | os.O_CLOEXEC, 0o600)
         os.dup2(opened, fd)
         os.close(opened)
+    if request["host"]:
+        _enter(Host(**request["host"]))
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -245,6 +265,36 @@ def _become(request: dict, base_path: list[str]) -> None:
     _start_forkserver()
     sys.argv = [request["module"], *request["argv"]]
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+
+
+def _enter(host: Host) -> None:
+    """In the child, before anything else: what ``ip netns exec`` (and ``unshare --uts``, ``hostname``, ``setsid``)
+    would have done to a fresh process. Needs root, as the namespaces do."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWNET = 0x00020000, 0x04000000, 0x40000000
+    MS_BIND, MS_REC, MS_SLAVE = 0x1000, 0x4000, 0x80000
+
+    def checked(result: int, what: str) -> None:
+        if result != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"{what}: {os.strerror(error)}")
+
+    os.setsid()
+    namespace = os.open(f"/run/netns/{host.namespace}", os.O_RDONLY | os.O_CLOEXEC)
+    checked(libc.setns(namespace, CLONE_NEWNET), f"setns to {host.namespace}")
+    os.close(namespace)
+    # A mount namespace of its own, whose mounts this machine's do not see, with the namespace's /etc files on top.
+    checked(libc.unshare(CLONE_NEWNS), "unshare the mount namespace")
+    checked(libc.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None), "make / a slave mount")
+    own = Path("/etc/netns") / host.namespace
+    for path in sorted(own.iterdir()) if own.is_dir() else ():
+        target = f"/etc/{path.name}".encode()
+        checked(libc.mount(str(path).encode(), target, b"none", MS_BIND, None), f"bind {path} over /etc")
+    if host.hostname:
+        checked(libc.unshare(CLONE_NEWUTS), "unshare the UTS namespace")
+        socket.sethostname(host.hostname)
 
 
 def _start_forkserver() -> None:

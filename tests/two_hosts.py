@@ -17,9 +17,11 @@ node 0 hosts the rendezvous, each node is handed to the others by its address on
 binds that address's interface); torchrun or a plain torch.distributed script need :meth:`TwoHosts.environment`'s
 ``GLOO_SOCKET_IFNAME`` (``TP_SOCKET_IFNAME`` is tensorpipe's, for torch.distributed.rpc), and torch's c10d
 rendezvous, which decides from the hostname whether this machine hosts its store, does not host it on node 0.
-``names=True`` gives each host a hostname of its own instead (``host0-<tag>``, ``host1-<tag>``, through
-``unshare --uts``) that resolves on both hosts to its veth address (``/etc/netns/<namespace>/hosts``, which
-``ip netns exec`` mounts over ``/etc/hosts``): two machines as a cluster's DNS describes them.
+``names=True`` gives each host a hostname of its own instead (``host0-<tag>``, ``host1-<tag>``, which a process
+takes in a UTS namespace of its own: ``unshare --uts``) that resolves on both hosts to its veth address
+(``/etc/netns/<namespace>/hosts``, which ``ip netns exec`` mounts over ``/etc/hosts``): two machines as a cluster's
+DNS describes them. The tests run their commands on a host as tests/preloaded.py's ``Host`` does the same to a
+process forked from an interpreter that has imported torch already.
 
 ``link_down()`` sets both ends of the pair down (the kernel drops the subnet's route: packets are dropped, a
 connection attempt fails with "Network is unreachable"), ``link_up()`` brings them back with their addresses.
@@ -68,8 +70,6 @@ class TwoHosts:
             raise Unavailable("network namespaces need root (ip netns add)")
         if shutil.which("ip") is None:
             raise Unavailable("iproute2's ip is not installed (apt-get install iproute2)")
-        if self.hostnames is not None and shutil.which("unshare") is None:
-            raise Unavailable("util-linux's unshare is not installed, which names=True needs")
         existing = self._existing()
         if taken := [name for name in self.namespaces if name in existing]:
             raise Unavailable(
@@ -91,25 +91,6 @@ class TwoHosts:
             self.remove()
             raise
         return self
-
-    def run_in(
-        self,
-        host: int,
-        argv: list[str],
-        env: dict[str, str] | None = None,
-        cwd: str | Path | None = None,
-        *,
-        own_hostname: bool = True,
-        **popen,
-    ) -> subprocess.Popen:
-        """Start ``argv`` on ``host`` (0 or 1), with ``env`` as its whole environment (default: this process's),
-        in ``cwd``; standard streams as ``popen`` says (``stdout=subprocess.PIPE, text=True``, ...). The process
-        is ``argv`` itself (its PID is the Popen's), not a shell. With ``names=True`` it has its host's hostname
-        unless ``own_hostname=False`` (then this machine's, which resolves to loopback on both hosts)."""
-        command = ["ip", "netns", "exec", self.namespaces[host]]
-        if self.hostnames is not None and own_hostname:  # its own hostname, in a UTS namespace of its own
-            command += ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', self.hostnames[host]]
-        return subprocess.Popen([*command, *argv], env=env, cwd=cwd, **popen)
 
     def link_down(self) -> None:
         """Pull the cable: both ends of the pair down."""

@@ -9,10 +9,10 @@ shared folder a multi-node run needs). Three runs, each proving several promises
 - a link down for good: both hosts end within about twice trainer.rdzv_timeout, each in one sentence naming the
   host it lost, the newest intact checkpoint and how to continue.
 
-Each node is ``python -m runner`` started afresh inside its namespace (``ip netns exec``), not forked from the
-preloaded interpreter, whose network namespace is this machine's: about 12 s from the command to the first step on
-two cores, most of it both interpreters importing torch at once. Both nodes start together (node 1 waits for node
-0's rendezvous, trainer.rdzv_timeout).
+Each node is ``python -m runner`` forked from the tests' preloaded interpreter (tests/preloaded.py) into its host's
+network namespace, with that host's /etc/hosts and, where the test says so, its hostname: what ``ip netns exec``
+and ``unshare --uts`` would make of a fresh interpreter, without its seconds of imports. Both nodes start together
+(node 1 waits for node 0's rendezvous, trainer.rdzv_timeout).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from safetensors.torch import load_file
 from runner.cli.checkpoints import describe
 from runner.launch.lost_nodes import MARGIN_S
 from tests.e2e.conftest import metrics, mnist_args, run_cli
+from tests.preloaded import Host, start_module
 from tests.two_hosts import TwoHosts, Unavailable
 
 ENV = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -98,15 +98,11 @@ class TwoNodes:
         self.endpoint = f"{hosts.addresses[0]}:{next(_PORTS)}"
         self.processes = []
         for rank in (0, 1):
-            command = [sys.executable, "-m", "runner", *args, "trainer.num_nodes=2", f"trainer.node_rank={rank}",
+            command = [*args, "trainer.num_nodes=2", f"trainer.node_rank={rank}",
                        "trainer.num_processes=1", f"trainer.rdzv_endpoint={self.endpoint}",
                        f"project.project_dir={self.project}", f"hydra.run.dir={folder / f'node{rank}'}"]  # fmt: skip
-            env = {**os.environ, **ENV}
-            with open(folder / f"node{rank}.stderr", "w") as stderr:
-                self.processes.append(
-                    hosts.run_in(rank, command, env=env, cwd=folder, own_hostname=own_hostnames,
-                                 stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
-                )  # fmt: skip
+            host = Host(hosts.namespaces[rank], hosts.hostnames[rank] if own_hostnames else None)
+            self.processes.append(start_module("runner", *command, cwd=folder, env={**os.environ, **ENV}, host=host))
         self.started = time.monotonic()
 
     def wait_for_step(self, step: int, timeout: float = 90) -> None:
@@ -145,12 +141,12 @@ class TwoNodes:
         return [worker for server in children(self.processes[rank].pid) for worker in children(server)]
 
     def last_line(self, rank: int) -> str:
-        lines = (self.folder / f"node{rank}.stderr").read_text().strip().splitlines()
+        lines = self.processes[rank].stderr_path.read_text().strip().splitlines()
         return lines[-1] if lines else ""
 
     def tails(self) -> str:
         return " | ".join(
-            f"node {rank}: " + " / ".join((self.folder / f"node{rank}.stderr").read_text().strip().splitlines()[-3:])
+            f"node {rank}: " + " / ".join(self.processes[rank].stderr_path.read_text().strip().splitlines()[-3:])
             for rank in (0, 1)
         )
 
