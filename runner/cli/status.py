@@ -26,8 +26,12 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from runner.layout import METRICS_FILE, SUBMITIT_DIR
+
+if TYPE_CHECKING:
+    from runner.sweeps.report import Job
 
 USAGE = "usage: runner status RUN_OR_SWEEP_FOLDER"
 LOG_TAIL_BYTES = 1 << 20  # the part of run.log read: the latest steps are at its end
@@ -109,7 +113,7 @@ def sweep_table(sweep: Path) -> str:
         step, values = logged(run) if run.is_dir() else ("-", {})
         status = "queued" if job.status == "pending" and submitted else job.status
         detail = job.error
-        slurm_job = queued_as(job.status, run, submissions.get(int(job.name)) if job.name.isdigit() else None)
+        slurm_job = queued_as(job, submissions.get(int(job.name)) if job.name.isdigit() else None)
         if slurm_job is not None:
             status, detail = "queued", f"submitted to Slurm as job {slurm_job}, not started yet"
         elif status == "queued":
@@ -120,19 +124,17 @@ def sweep_table(sweep: Path) -> str:
     return _table(rows)
 
 
-def queued_as(status: str, run: Path, submission: dict[str, str] | None) -> str | None:
+def queued_as(job: Job, submission: dict[str, str] | None) -> str | None:
     """The Slurm job a job of a sweep waits in the queue as: one submitted after its record was last written (it has
-    not started since), e.g. a failed job submitted again; None if it is not waiting to start."""
+    not started since), e.g. a failed job submitted again; None if it is not waiting to start. Judged on the record
+    :func:`~runner.sweeps.report.collect` read, which the job may rewrite as it starts."""
     from datetime import datetime
 
-    from runner.sweeps.jobs import read_job
-
-    if submission is None or status not in ("pending", "failed", "stopped", "interrupted"):
+    if submission is None or job.status not in ("pending", "failed", "stopped", "interrupted"):
         return None
-    record = read_job(run) or {}
-    last = record.get("ended_at") or record.get("started_at")
     try:
-        waiting = last is None or datetime.fromisoformat(submission["submitted_at"]) > datetime.fromisoformat(last)
+        submitted = datetime.fromisoformat(submission["submitted_at"])
+        waiting = job.recorded_at is None or submitted > datetime.fromisoformat(job.recorded_at)
     except (KeyError, TypeError, ValueError):
         return None
     return submission["slurm_job"] if waiting else None

@@ -48,6 +48,7 @@ class Job:
     wall_time_s: float | None = None
     error: str = ""
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    recorded_at: str | None = None  # when its record was last written (its end, else its start), ISO 8601
 
     @property
     def objective_value(self) -> float | None:
@@ -75,6 +76,7 @@ def collect(sweep_dir: Path) -> list[Job]:
             direction=objective.get("direction", "maximize"),
             wall_time_s=record.get("wall_time_s"),
             error=record.get("error", ""),
+            recorded_at=record.get("ended_at") or record.get("started_at"),
         )
         job.curves = read_scalars(project_dir / LOGS_DIR)
         job.metrics = {tag: points[-1][1] for tag, points in job.curves.items()}

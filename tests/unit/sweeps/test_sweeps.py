@@ -281,6 +281,24 @@ def test_runner_status_shows_a_job_submitted_again_as_queued_until_it_starts(tmp
         "2    queued  -     -           submitted to Slurm as job 18_1, not started yet",
     ]
 
+    # Job 0 starts as runner status reads the sweep: the row is the record it read, not half of each.
+    from runner.sweeps import report
+
+    def starting(folder, read=report.read_job):
+        record = read(folder)
+        if folder.name == "0":
+            started = {"overrides": ["optimizer.lr=0.001"], "status": "running", "project_dir": str(folder),
+                       "started_at": "2026-12-05T12:00:00.000+00:00"}  # fmt: skip
+            (folder / "job.json").write_text(json.dumps(started))
+        return record
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(report, "read_job", starting)  # collect()'s read, after which the job writes its start
+        assert status([str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == (
+        "0    queued  -     -           submitted to Slurm as job 18_0, not started yet"
+    )
+
 
 def _grid_sweep(folder, task: list[str]) -> None:
     """The multirun.yaml the resumable sweeper saves for a grid sweep of ``task`` (the typed overrides)."""
