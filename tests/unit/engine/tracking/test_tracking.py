@@ -399,9 +399,10 @@ def _read_only_mlflow_store(tmp_path) -> str:
 
 @pytest.mark.parametrize("helper", [TrackerThread, TrackerProcess])
 def test_a_failing_mlflow_store_is_one_warning_on_the_console_and_its_traceback_goes_to_the_log_file(
-    tmp_path, helper, capfd, store_loggers_restored
+    tmp_path, helper, capfd, store_loggers_restored, monkeypatch
 ):
     uri = _read_only_mlflow_store(tmp_path)
+    monkeypatch.chdir(tmp_path)  # MLflow makes a folder named after the URI's "file:/..." path, relative to here
     root = logging.getLogger()
     log_file, console = logging.FileHandler(tmp_path / "run.log"), logging.StreamHandler(sys.stderr)
     root.addHandler(log_file)
