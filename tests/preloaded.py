@@ -268,8 +268,9 @@ def _become(request: dict, base_path: list[str]) -> None:
 
 
 def _enter(host: Host) -> None:
-    """In the child, before anything else: what ``ip netns exec`` (and ``unshare --uts``, ``hostname``, ``setsid``)
-    would have done to a fresh process. Needs root, as the namespaces do."""
+    """In the child, once its streams are the command's (so that a failure here is in its stderr): what ``ip netns
+    exec`` (and ``unshare --uts``, ``hostname``, ``setsid``) would have done to a fresh process. Needs root, as the
+    namespaces do."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
