@@ -55,11 +55,13 @@ print("exit handlers added:", atexit._ncallbacks() - before)
 from runner.engine import forkserver
 forkserver.start(preload=())
 server = multiprocessing.forkserver._forkserver._forkserver_pid
+with multiprocessing.get_context("forkserver").Pool(1) as pool:
+    in_server = pool.apply(os.getenv, (forkserver.SERVER_ENV,))
+# Read once the server has answered: until it has exec'd Python, /proc shows the environment of this process.
 with open(f"/proc/{server}/environ", "rb") as environ:
     print("server started marked:", b"RUNNER_FORKSERVER=1" in environ.read().split(b"\\0"))
 print("marked here:", forkserver.SERVER_ENV in os.environ)
-with multiprocessing.get_context("forkserver").Pool(1) as pool:
-    print("marked in the server:", pool.apply(os.getenv, (forkserver.SERVER_ENV,)))
+print("marked in the server:", in_server)
 """
 
 
