@@ -53,7 +53,13 @@ class HydraApp:
 
 
 def run_hydra(command: CommandLine) -> None:
-    """Let Hydra compose and run ``command`` (its run folder, logging, record, sweeps and launchers)."""
+    """Let Hydra compose and run ``command`` (its run folder, logging, record, sweeps and launchers); a single run
+    the command line has composed already runs with that config (:mod:`runner.cli.single_run`)."""
+    if command.composed is not None:
+        from runner.cli import single_run
+
+        single_run.run(command.composed, HydraApp(command))
+        return
     from hydra import version
     from hydra._internal.utils import _run_hydra, get_args_parser
 

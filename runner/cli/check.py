@@ -53,8 +53,12 @@ def check_overrides(
     config_dir: str | None = None,
     targets: bool = True,
     before_targets: Callable[[DictConfig], None] | None = None,
+    composed: DictConfig | None = None,
+    refused: Exception | None = None,
 ) -> DictConfig:
-    """Compose the config once with ``overrides`` (sweeps reduced to their first value); returns it.
+    """Compose the config once with ``overrides`` (sweeps reduced to their first value), or take the one
+    ``overrides`` already ``composed`` (:mod:`runner.cli.single_run`); check it and return it. ``refused`` is
+    Hydra's error from composing ``overrides`` as they are, said at once where composing here meets the same one.
 
     With ``targets`` every ``_target_`` is also imported and its keys checked against its signature,
     and the datasets are prepared (``prepare_data``: fetched or checked). That imports the user's
@@ -64,21 +68,7 @@ def check_overrides(
     Raises:
         ConfigError: One sentence naming the bad key, value or option, with the closest valid key.
     """
-    from hydra import compose, initialize_config_dir
-
-    single = search_path_overrides(overrides, config_dir=config_dir)
-    for override in parsed.parse(overrides):
-        if override.key_or_group.startswith("hydra"):
-            continue
-        if override.is_sweep_override():
-            single.append(f"{override.get_key_element()}={next(iter(override.sweep_string_iterator()))}")
-        else:
-            single.append(override.input_line)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        try:
-            cfg = compose(config_name, overrides=single)
-        except Exception as error:
-            raise ConfigError(describe_composition_error(error, single, config_name)) from None
+    cfg = _compose(overrides, config_name, config_dir, refused) if composed is None else composed
     valid = list(OmegaConf.structured(RunnerConfig))
     unknown = sorted(set(cfg) - set(valid))
     if unknown:
@@ -91,6 +81,33 @@ def check_overrides(
     if not cfg.resume:
         check_hardware(cfg)
     return cfg
+
+
+def _compose(overrides: list[str], config_name: str, config_dir: str | None, refused: Exception | None) -> DictConfig:
+    """The config ``overrides`` compose, without Hydra's own keys and with each sweep at its first value.
+
+    ``refused``, Hydra's error from composing ``overrides`` as they are, is said without composing again where they
+    hold neither a ``hydra`` key nor a sweep: composing here would meet the same error."""
+    from hydra import compose, initialize_config_dir
+
+    single = search_path_overrides(overrides, config_dir=config_dir)
+    same = True
+    for override in parsed.parse(overrides):
+        if override.key_or_group.startswith("hydra"):
+            same = False
+            continue
+        if override.is_sweep_override():
+            same = False
+            single.append(f"{override.get_key_element()}={next(iter(override.sweep_string_iterator()))}")
+        else:
+            single.append(override.input_line)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        try:
+            if refused is not None and same:
+                raise refused
+            return compose(config_name, overrides=single)
+        except Exception as error:
+            raise ConfigError(describe_composition_error(error, single, config_name)) from None
 
 
 def _check_targets_and_data(cfg: DictConfig) -> None:

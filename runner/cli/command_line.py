@@ -15,9 +15,11 @@ from pathlib import Path
 
 from runner import overrides as parsed
 from runner.cli import resume as resumes
+from runner.cli import single_run
 from runner.cli.check import check_overrides, check_plugins
 from runner.cli.run_folder import check_run_folders
 from runner.cli.search_path import search_path_entries
+from runner.cli.single_run import ComposedRun
 from runner.config import CONFIG_NAME, ConfigError
 from runner.launch import slurm
 from runner.launch.elastic import prepare_workers
@@ -39,6 +41,8 @@ class CommandLine:
     resume: resumes.Resume | None = None
     run_folder: Path | None = None  # the folder this single run writes, when the command line fixes it
     run_folder_key: str | None = None  # the key that names it (hydra.run.dir or project.project_dir)
+    # A single run's config, composed once for the check and Hydra's run; None where Hydra composes it itself.
+    composed: ComposedRun | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def argv(self) -> list[str]:
@@ -80,18 +84,25 @@ def read(args: argparse.Namespace, argv: list[str], environment: LaunchEnvironme
         overrides += slurm.command_line(parsed.values(overrides))
         environment = LaunchEnvironment.read()  # a task per process now carries torch's rank variables
     check_plugins(overrides)
-    checked = False
+    checked, composed, refused = False, None, None
     if not args.config_path:
+        if not command.multirun and not args.cfg:
+            try:
+                composed = single_run.compose(overrides, config_name=command.config_name, config_dir=command.config_dir)
+            except single_run.NotComposed as failed:
+                refused = failed.error
         # A single run that starts workers here starts the process they fork from while the targets are checked.
         workers = None if command.multirun or environment.inside_launched_group else prepare_workers
         cfg = check_overrides(overrides, config_name=command.config_name, config_dir=command.config_dir,
-                              targets=not args.cfg, before_targets=workers)  # fmt: skip
+                              targets=not args.cfg, before_targets=workers, refused=refused,
+                              composed=None if composed is None else composed.task_config())  # fmt: skip
         checked = not args.cfg
         if command.resume is not None:
             resumes.check_extent(command.resume.checkpoint, cfg, path=command.resume.path)
     if environment.under_torchrun and not command.multirun and not parsed.sets(overrides, "hydra.run.dir"):
         overrides += _torchrun_run_dir(environment)
-    command = dataclasses.replace(command, overrides=tuple(overrides), checked=checked)
+        composed = None  # Hydra composes the overrides with the run folder the ranks agreed on
+    command = dataclasses.replace(command, overrides=tuple(overrides), checked=checked, composed=composed)
     check_run_folders(overrides)  # and those that resume, torchrun and Slurm name
     return _with_run_folder(command, environment)
 

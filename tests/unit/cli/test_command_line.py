@@ -1,5 +1,6 @@
 """The command line read once into a CommandLine: what Hydra composes, the resume decision and the run folder."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,34 @@ def test_resume_replays_the_runs_own_overrides_and_names_its_checkpoint_and_fold
 def test_resume_refuses_to_switch_a_config_group(signed_run):
     with pytest.raises(ConfigError, match=r"resume= keeps the resumed run's config groups, but model=gpt switches"):
         _read([f"resume={signed_run}", "model=gpt"])
+
+
+@needs_mnist
+def test_a_single_run_is_composed_once_into_exactly_what_hydras_command_line_runs(tmp_path, monkeypatch):
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from runner.cli import app
+
+    user = tmp_path / "conf" / "experiment"
+    user.mkdir(parents=True)
+    (user / "mine.yaml").write_text("# @package _global_\ntrainer:\n  max_steps: 7\n")
+    argv = ["--config-dir", str(tmp_path / "conf"), *DATA, "experiment=mine", "optimizer.lr=0.25",
+            f"hydra.run.dir={tmp_path / 'run'}", "hydra.job.chdir=false"]  # fmt: skip
+    seen = []
+    monkeypatch.setattr(app, "main", lambda cfg, command: seen.append((cfg, HydraConfig.get())))
+    command = _read(argv)
+    assert command.composed is not None and command.checked
+    for run in (command, dataclasses.replace(command, composed=None)):  # once, then as Hydra's command line does
+        GlobalHydra.instance().clear()
+        app.run_hydra(run)
+    GlobalHydra.instance().clear()
+    (once, once_hydra), (hydras, hydras_hydra) = seen
+    assert once.trainer.max_steps == 7 and once.optimizer.lr == 0.25
+    assert OmegaConf.to_yaml(once) == OmegaConf.to_yaml(hydras)
+    assert OmegaConf.to_yaml(once_hydra) == OmegaConf.to_yaml(hydras_hydra)
+    assert list(once_hydra.overrides.hydra)[-1] == "hydra.mode=RUN"
+    # What Hydra's command line runs its own way, and a typo, which the first composition already names.
+    assert _read([*DATA, "trainer.max_steps=1,2"]).composed is None  # a sweep without -m: Hydra says so
+    with pytest.raises(ConfigError, match=r"^trainer.max_stepz is not a key of 'trainer' \(did you mean"):
+        _read([*DATA, "trainer.max_stepz=3"])
