@@ -49,7 +49,7 @@ class CommandLine:
         return [*self.flags, *self.overrides]
 
     def with_overrides(self, *extra: str) -> CommandLine:
-        return dataclasses.replace(self, overrides=(*self.overrides, *extra))
+        return dataclasses.replace(self, overrides=(*self.overrides, *extra), composed=None)  # Hydra composes these
 
 
 def parse_arguments(argv: list[str]) -> argparse.Namespace:

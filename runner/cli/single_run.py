@@ -102,6 +102,7 @@ def run(composed: ComposedRun, task_function: Callable[[DictConfig], Any]) -> No
     hydra, config, name = composed.hydra, composed.config, composed.config_name
 
     def job() -> None:
+        GlobalHydra.instance().clear()  # an earlier command of this process (runner.cli.main called again)
         GlobalHydra.instance().initialize(hydra)
         configure_log(config.hydra.hydra_logging, config.hydra.verbose)
         callbacks = Callbacks(config)
@@ -114,4 +115,7 @@ def run(composed: ComposedRun, task_function: Callable[[DictConfig], Any]) -> No
         callbacks.on_run_end(config=config, config_name=name, job_return=done)
         _ = done.return_value  # raises the task's error
 
-    run_and_report(job)
+    try:
+        run_and_report(job)
+    finally:  # as it was before: a later command of this process composes with a Hydra of its own
+        GlobalHydra.instance().clear()
