@@ -205,8 +205,12 @@ def test_when_submitit_may_not_requeue_the_sweep_ends_with_a_summary_and_the_sam
         assert time.monotonic() < deadline, f"the released job did not finish within 240 s: {shown.stdout}"
         time.sleep(2)
     assert re.fullmatch(r"0 +finished +200/200 .*", shown.stdout.splitlines()[1]), shown.stdout
-    assert "1 finished." in (sweep / "summary.md").read_text()
-    assert (sweep / "summary.png").stat().st_mtime > released  # the job wrote it; no command waited for it
+    # The job writes the summary after its record says finished; no command waits for it.
+    deadline = time.monotonic() + 60
+    summary, picture = sweep / "summary.md", sweep / "summary.png"
+    while picture.stat().st_mtime <= released or "1 finished." not in summary.read_text():
+        assert time.monotonic() < deadline, "the finished job did not write the sweep's summary within 60 s"
+        time.sleep(0.5)
     record = json.loads((sweep / "0" / "job.json").read_text())
     assert record["status"] == "finished" and record["resumed_from"] == "checkpoint_0"
     assert metrics(sweep / "0")["step"] == 200
