@@ -2,8 +2,9 @@
 
 :func:`read` takes ``argv`` through Hydra's own parser, refuses what cannot run (one sentence each,
 see :mod:`runner.cli.check`), turns ``resume=`` into the resumed run's overrides and folder, adds
-what Slurm and torchrun need, and returns a :class:`CommandLine`. Hydra then composes exactly its
-:attr:`CommandLine.argv` and the Hydra app receives the value itself (:mod:`runner.cli.app`).
+what Slurm and torchrun need, and returns a :class:`CommandLine`. Hydra then runs exactly its
+:attr:`CommandLine.argv` (a single run with the config composed for the check, :mod:`runner.cli.single_run`)
+and the Hydra app receives the value itself (:mod:`runner.cli.app`).
 """
 
 from __future__ import annotations
