@@ -35,7 +35,6 @@ class ComposedRun:
     hydra: Any  # hydra._internal.hydra.Hydra, built as hydra._internal.utils._run_hydra builds it
     config: DictConfig  # with its ``hydra`` node, as Hydra.run composes it
     config_name: str
-    overrides: tuple[str, ...]
 
     def task_config(self) -> DictConfig:
         """The config as the task reads it, without the ``hydra`` node (a shallow copy: ``config`` stays whole)."""
@@ -82,12 +81,11 @@ def compose(overrides: list[str], *, config_name: str, config_dir: str | None) -
         with read_write(config.hydra):
             config.hydra.mode = RunMode.RUN
             config.hydra.overrides.hydra.append("hydra.mode=RUN")
-        overrides = [*overrides, "hydra.mode=RUN"]
     elif config.hydra.mode != RunMode.RUN:
         return None
     if config.hydra.verbose:  # Hydra's debug report of its search path and defaults: its command line prints it
         return None
-    return ComposedRun(hydra, config, config_name, tuple(overrides))
+    return ComposedRun(hydra, config, config_name)
 
 
 def run(composed: ComposedRun, task_function: Callable[[DictConfig], Any]) -> None:
