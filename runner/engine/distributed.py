@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import atexit
 import enum
+import json
 import os
+import sys
 import time
+import traceback
 from dataclasses import dataclass, fields
 from datetime import timedelta
 
@@ -247,6 +250,43 @@ def init_process_group(
         kwargs["store"] = _agent_store(env, timeout)
     dist.init_process_group(**kwargs)
     atexit.register(_destroy_process_group)
+    record_uncaught_errors()
+
+
+def record_uncaught_errors() -> None:
+    """Under torch's elastic launcher (torchrun, ``runner launch``), write an exception that ends this process into
+    the error file the launcher named, as torch's ``@record`` does for a script's ``main``.
+
+    A rank that raises takes its peers down with it, on the broken connection, and the launcher may see a peer
+    fail first. Each rank's own error in its file lets the launcher name the rank that caused it, and its error
+    (:func:`runner.launch.failures.root_cause`), where the files would otherwise hold nothing. The hook chains to
+    the one before it, so the traceback is printed as usual. A script that uses ``@record`` writes the same file.
+    """
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error_file or getattr(sys.excepthook, "_records_to", None) == error_file:
+        return
+    previous = sys.excepthook
+
+    def hook(kind, error, trace) -> None:
+        if not issubclass(kind, KeyboardInterrupt):  # torch's agent stopped it, or the user did
+            record = {
+                "message": {
+                    "message": f"{kind.__name__}: {error}",
+                    "extraInfo": {
+                        "py_callstack": "".join(traceback.format_exception(kind, error, trace)),
+                        "timestamp": str(int(time.time())),
+                    },
+                }
+            }
+            try:
+                with open(error_file, "w") as file:
+                    json.dump(record, file)
+            except OSError:
+                pass  # the launcher then reports the exit code alone
+        previous(kind, error, trace)
+
+    hook._records_to = error_file
+    sys.excepthook = hook
 
 
 def _agent_store(env: DistributedEnvironment, timeout: timedelta | None) -> dist.Store:

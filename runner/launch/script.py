@@ -102,12 +102,18 @@ def launch_script(command: ScriptCommand) -> int:
         )
     except ChildFailedError as error:
         rank, detail = root_cause(error.failures)
-        code = exit_code(error.failures, rank)
-        cause = "" if detail.startswith("exit code") else f" ({detail})"
-        print(
-            f"runner launch: error: worker rank {rank} failed with exit code {code}{cause}; its output is above.",
-            file=sys.stderr,
-        )
+        failure = error.failures.get(rank)
+        if detail.startswith("exit code"):
+            code = exit_code(error.failures, rank)
+            sentence = f"worker rank {rank} failed with exit code {code}"
+        elif failure is None or failure.exitcode == -signal.SIGTERM:
+            # Its error file names its error, but the agent stopped it on its way out, once a peer had failed on
+            # the broken connection: its exit code is the agent's signal. A Python process that raises exits with 1.
+            code, sentence = 1, f"worker rank {rank} failed ({detail})"
+        else:
+            code = exit_code(error.failures, rank)
+            sentence = f"worker rank {rank} failed with exit code {code} ({detail})"
+        print(f"runner launch: error: {sentence}; its output is above.", file=sys.stderr)
         return code
     except SignalException as error:  # this process got the signal; torch's agent has stopped the workers
         print(f"runner launch: stopped by {signal.Signals(error.sigval).name}, with every worker.", file=sys.stderr)

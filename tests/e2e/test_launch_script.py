@@ -41,6 +41,21 @@ if os.environ["RANK"] == "1":
     print("rank 1 fails on purpose", file=sys.stderr)
     sys.exit(3)
 """
+# Rank 1 raises while rank 0 waits in a collective; rank 1 then lingers, so the agent sees rank 0 fail first (on the
+# broken connection) and stops rank 1 before it exits.
+RAISING = """
+import atexit, os, time
+import torch
+import torch.distributed as dist
+from runner.engine import Accelerator
+
+if os.environ["RANK"] == "1":
+    atexit.register(lambda: time.sleep(20))  # after the engine's handler has torn the group down: last in, first out
+accelerator = Accelerator()
+if accelerator.process_index == 1:
+    raise ValueError("boom on rank 1")
+dist.all_reduce(torch.ones(1))
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -107,6 +122,15 @@ def test_python_m_runner_launch_reads_the_config_file_and_reports_the_failed_ran
     last = result.stderr.strip().splitlines()[-1]
     assert last == "runner launch: error: worker rank 1 failed with exit code 3; its output is above."
     assert result.stderr.index("rank 1 fails on purpose") < result.stderr.index(last)
+
+
+def test_runner_launch_names_the_rank_that_raised_not_the_peer_that_failed_first(tmp_path, env):
+    (tmp_path / "job.py").write_text(RAISING)
+    result = _runner("launch", "--cpu", "--num_processes", "2", "job.py", cwd=tmp_path, env=env)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Connection closed by peer" in result.stderr or "Connection reset by peer" in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "runner launch: error: worker rank 1 failed (ValueError: boom on rank 1); its output is above."
 
 
 @pytest.mark.parametrize(
