@@ -3,11 +3,11 @@ fails here, rather than only skipping the tests that need it."""
 
 import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from tests.datasets import DATA
+
 NEEDED = {
     "mnist/t10k-images-idx3-ubyte.gz": "the MNIST test split",
     "mnist/t10k-labels-idx1-ubyte.gz": "its labels",
@@ -18,6 +18,6 @@ DEV_EXTRAS = ("transformers", "datasets")  # the hf extra, which dev includes
 
 @pytest.mark.skipif(os.environ.get("CI") != "true", reason="outside CI a test whose data is absent skips")
 def test_ci_has_the_shared_data_and_the_dev_extras():
-    missing = [f"{SHARED_DATA / name} ({what})" for name, what in NEEDED.items() if not (SHARED_DATA / name).is_file()]
+    missing = [f"{DATA / name} ({what})" for name, what in NEEDED.items() if not (DATA / name).is_file()]
     missing += [f"the {name} package" for name in DEV_EXTRAS if importlib.util.find_spec(name) is None]
     assert missing == []

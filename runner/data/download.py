@@ -6,7 +6,8 @@ import hashlib
 import logging
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from runner.files import commit_file
@@ -57,5 +58,27 @@ def download_file(target: Path, *, urls: Iterable[str], sha256: str) -> Path:
         errors.append(f"{url}: sha256 {digest} is not the published {sha256}")
     partial.unlink(missing_ok=True)
     raise DownloadError(
-        f"Could not download {target.name} from any mirror ({'; '.join(errors)}); check your connection."
+        f"Could not download {target.name} from any mirror into {target.parent} ({'; '.join(errors)}); check your "
+        "connection, or set data.root to a folder that holds the files."
     )
+
+
+@contextmanager
+def download_folder(root: Path) -> Iterator[Path]:
+    """``root``, created with its missing parents for a download; if the download fails, the folders it created
+    are removed again where they are still empty, so a failed download leaves no trace."""
+    created = []
+    folder = root
+    while not folder.exists() and folder != folder.parent:
+        created.append(folder)  # deepest first
+        folder = folder.parent
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        yield root
+    except BaseException:
+        for folder in created:
+            try:
+                folder.rmdir()
+            except OSError:  # something else was written there meanwhile: it is kept
+                break
+        raise

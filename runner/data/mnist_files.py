@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from runner.data.download import DataFileError, DownloadError, download_file, sha256_of
+from runner.data.download import DataFileError, DownloadError, download_file, download_folder, sha256_of
 
 __all__ = ["DataFileError", "DownloadError", "download_mnist", "find_mnist_file", "sha256_of"]
 
@@ -41,15 +41,14 @@ def download_mnist(root: str | os.PathLike, splits: tuple[str, ...] = ("train", 
     Files already present with the right checksum are kept. A file is written under a temporary
     name and renamed only once its checksum matches, so a failed download leaves nothing behind.
     """
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     fetched = []
-    for split in splits:
-        for name in MNIST_FILES[split]:
-            target = root / name
-            if target.is_file() and sha256_of(target) == MNIST_SHA256[name]:
-                continue
-            fetched.append(_download_one(name, target))
+    with download_folder(Path(root)) as root:
+        for split in splits:
+            for name in MNIST_FILES[split]:
+                target = root / name
+                if target.is_file() and sha256_of(target) == MNIST_SHA256[name]:
+                    continue
+                fetched.append(_download_one(name, target))
     return fetched
 
 

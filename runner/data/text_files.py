@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from runner.data.download import download_file
+from runner.data.download import download_file, download_folder
 
 SHAKESPEARE_FILE = "input.txt"
 SHAKESPEARE_URLS = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",)
@@ -30,8 +30,8 @@ def download_shakespeare(root: str | os.PathLike) -> list[Path]:
     root = Path(root)
     if find_corpus(root) is not None:
         return []
-    root.mkdir(parents=True, exist_ok=True)
-    return [download_file(root / SHAKESPEARE_FILE, urls=SHAKESPEARE_URLS, sha256=SHAKESPEARE_SHA256)]
+    with download_folder(root):
+        return [download_file(root / SHAKESPEARE_FILE, urls=SHAKESPEARE_URLS, sha256=SHAKESPEARE_SHA256)]
 
 
 def split_boundary(characters: int, val_fraction: float) -> int:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.datasets import MNIST
 from tests.preloaded import run_module
 
 REPO = Path(__file__).resolve().parents[2]
-MNIST = REPO.parent / "shared" / "data" / "mnist"
 
 
 def run_cli(

@@ -12,18 +12,18 @@ from safetensors.torch import load_file
 from runner.cli.export import main as export
 from runner.cli.generate import generate
 from runner.data import causal_lm_blocks
-from tests.e2e.conftest import REPO, metrics, run_cli
+from tests.datasets import SHAKESPEARE, needs_shakespeare
+from tests.e2e.conftest import metrics, run_cli
 
 transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
 
-SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare"
 TINY = {"n_positions": 32, "n_embd": 32, "n_layer": 2, "n_head": 2}
 EVAL_SPLIT = "train[99%:]"  # the last 400 lines: 349 blocks of 32 bytes
 UNTRAINED_LOSS = math.log(256)  # 5.545: a uniform guess over the bytes
 LEARNED_LOSS = 4.0  # measured: 3.42 after 30 steps on 1 process, 3.38 on 2 (DDP), 3.65 after 20 steps of FSDP
 
-pytestmark = pytest.mark.skipif(not SHAKESPEARE.is_dir(), reason=f"tiny-shakespeare is not at {SHAKESPEARE}")
+pytestmark = needs_shakespeare
 
 
 def hf_args(*extra: str) -> list[str]:

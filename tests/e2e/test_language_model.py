@@ -16,13 +16,13 @@ from runner.cli.generate import GenerateError, generate
 from runner.data.text import CharVocab, build_char_dataset, read_corpus
 from runner.engine import load_checkpoint_in_model
 from runner.models import GPT
-from tests.e2e.conftest import REPO, metrics, run_cli
+from tests.datasets import SHAKESPEARE, needs_shakespeare
+from tests.e2e.conftest import metrics, run_cli
 
-SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare"
 TINY = {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32}
 EVAL_WINDOWS = 64
 
-pytestmark = pytest.mark.skipif(not SHAKESPEARE.is_dir(), reason=f"tiny-shakespeare is not at {SHAKESPEARE}")
+pytestmark = needs_shakespeare
 
 
 def lm_args(experiment: str = "shakespeare_gpt") -> list[str]:

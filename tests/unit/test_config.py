@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from runner.cli.check import check_overrides
 from runner.config import CONF_DIR, DP_SHARD_AUTO, TP_STYLES, ConfigError, RunnerConfig, register_configs
 from runner.validation import validate
+from tests.datasets import MNIST, needs_mnist
 
 register_configs()
 GROUP_OPTIONS = sorted(
@@ -17,7 +18,6 @@ GROUP_OPTIONS = sorted(
     for path in CONF_DIR.rglob("*.yaml")
     if path.parent != CONF_DIR and "hydra" not in path.relative_to(CONF_DIR).parts
 )
-MNIST = CONF_DIR.parents[1] / "shared" / "data" / "mnist"
 HYDRA_CONFIGS = sorted(path for path in (CONF_DIR / "hydra").rglob("*.yaml"))
 
 
@@ -212,6 +212,7 @@ def test_trackers_compose_as_a_list_and_a_run_folder_saved_with_the_old_tracker_
         assert OmegaConf.to_container(resumed_config(tmp_path, []).tracker) == new
 
 
+@needs_mnist
 def test_sweeps_are_checked_with_their_first_value():
     check_overrides(["optimizer.lr=1e-3,3e-3", f"data.root={MNIST}", 'data.train_split="test[:100]"'])
     with pytest.raises(ConfigError, match="did you mean 'optimizer.lr'"):

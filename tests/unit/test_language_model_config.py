@@ -5,9 +5,9 @@ from hydra import compose, initialize_config_dir
 
 from runner.cli.check import check_overrides
 from runner.config import CONF_DIR, ConfigError, register_configs
+from tests.datasets import SHAKESPEARE, needs_shakespeare
 
 register_configs()
-SHAKESPEARE = CONF_DIR.parents[1] / "shared" / "data" / "tinyshakespeare"
 
 
 def composed(*overrides: str):
@@ -122,7 +122,7 @@ def test_bad_language_model_settings_get_one_sentence(overrides, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-@pytest.mark.skipif(not SHAKESPEARE.is_dir(), reason="tiny-shakespeare is not beside the checkout")
+@needs_shakespeare
 def test_a_slice_beyond_the_corpus_windows_is_refused_before_launch():
     with pytest.raises(ConfigError) as info:
         check_overrides(["experiment=shakespeare_gpt", f"data.root={SHAKESPEARE}", 'data.eval_split="val[5000:]"'])

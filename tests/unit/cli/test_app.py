@@ -3,15 +3,14 @@
 import json
 import logging
 
-import pytest
 from hydra import compose, initialize_config_dir
 
 from runner.cli.app import main
 from runner.config import CONF_DIR, register_configs
-from tests.e2e.conftest import MNIST
+from tests.datasets import MNIST, needs_mnist
 
 
-@pytest.mark.skipif(not MNIST.is_dir(), reason=f"the MNIST test split is not at {MNIST}")
+@needs_mnist
 def test_main_returns_the_eval_accuracy_it_wrote(tmp_path):
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level

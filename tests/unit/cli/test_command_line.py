@@ -12,13 +12,12 @@ from runner.cli.command_line import parse_arguments, read
 from runner.config import ConfigError, register_configs
 from runner.engine import Accelerator, ProjectConfiguration
 from runner.launch.environment import LaunchEnvironment
-from tests.e2e.conftest import MNIST
+from tests.datasets import MNIST, needs_mnist
 
 register_configs()  # as runner.cli.main does before it composes
 ALONE = LaunchEnvironment()
 # The checks prepare the datasets a command names: the real MNIST test split, as the other unit tests use it.
 DATA = [f"data.root={MNIST}", 'data.train_split="test[:100]"', 'data.eval_split="test[9900:]"']
-needs_mnist = pytest.mark.skipif(not MNIST.is_dir(), reason=f"the MNIST test split is not at {MNIST}")
 
 
 def _read(argv: list[str], environment: LaunchEnvironment = ALONE):

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 import runner.data
 from runner.data.hf import causal_lm_blocks
 from runner.metrics import build_metrics, drop_first_position, drop_last_position
+from tests.datasets import SHAKESPEARE
 
 datasets = pytest.importorskip("datasets")
 
@@ -112,7 +113,7 @@ def test_the_presets_perplexity_is_exp_of_the_models_own_loss_on_real_batches():
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=256, n_positions=16, n_embd=32, n_layer=2, n_head=2)
     model = transformers.GPT2LMHeadModel(config).eval()
-    corpus = Path(__file__).resolve().parents[4] / "shared" / "data" / "tinyshakespeare" / "input.txt"
+    corpus = SHAKESPEARE / "input.txt"
     lines = corpus.read_text().splitlines(keepends=True)[:200] if corpus.is_file() else LINES * 50
     blocks = causal_lm_blocks(text(lines), block_size=16)
     metrics = build_metrics(OmegaConf.load(CONF / "data" / "shakespeare_hf.yaml").metrics)

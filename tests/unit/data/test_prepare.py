@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -10,8 +9,8 @@ from omegaconf import OmegaConf
 import runner.data
 from runner.config import ConfigError
 from runner.data import prepare_datasets
+from tests.datasets import MNIST
 
-MNIST = Path(__file__).resolve().parents[4] / "shared" / "data" / "mnist"
 CALLS = []
 
 
