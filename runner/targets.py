@@ -320,8 +320,15 @@ def _public_names(owner: Any) -> list[str]:
     return names
 
 
+# Names other libraries use for a parameter, and torch's name for it: no spelling is close, the meaning is.
+SYNONYMS = {"learning_rate": "lr", "learningrate": "lr", "wd": "weight_decay", "epsilon": "eps"}
+
+
 def _close_match(name: str, candidates: list[str]) -> str | None:
-    """The closest of ``candidates`` to ``name``, ignoring case, or None when none is close."""
+    """The closest of ``candidates`` to ``name``, ignoring case (or the name ``name`` means elsewhere, e.g.
+    ``learning_rate`` for ``lr``), or None when none is close."""
+    if SYNONYMS.get(name.lower()) in candidates:
+        return SYNONYMS[name.lower()]
     by_lower = {candidate.lower(): candidate for candidate in candidates}
     close = difflib.get_close_matches(name.lower(), by_lower, n=1)
     return by_lower[close[0]] if close else None

@@ -148,9 +148,11 @@ def _validate(cfg: DictConfig) -> None:
         _check_mesh(cfg)
     several = (processes != "auto" and processes > 1) or cfg.trainer.num_nodes > 1
     if several and cfg.parallel.strategy == "none":
+        # resume= keeps the run's config groups: there the strategy is a value (DDP's options have defaults).
+        fix = "parallel.strategy=ddp" if cfg.resume else "parallel=ddp or parallel=fsdp"
         raise ConfigError(
             f"trainer.num_processes={processes} with trainer.num_nodes={cfg.trainer.num_nodes} needs a parallel "
-            "strategy; add parallel=ddp or parallel=fsdp (or set trainer.num_processes=1)."
+            f"strategy; add {fix} (or set trainer.num_processes=1)."
         )
     if cfg.trainer.num_nodes > 1 and not cfg.trainer.rdzv_endpoint:
         raise ConfigError(

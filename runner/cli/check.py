@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from runner import overrides as parsed
 from runner.cli.search_path import search_path_overrides
 from runner.config import CONF_DIR, CONFIG_NAME, ConfigError, RunnerConfig
+from runner.targets import SYNONYMS
 from runner.validation import check_hardware, validate
 
 # Options that need one of Hydra's plugins, which come with the project's extras.
@@ -138,7 +139,8 @@ def describe_composition_error(error: Exception, overrides: list[str], config_na
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
         parent, _, name = full_key.rpartition(".")
         others = [o for o, key in zip(overrides, keys, strict=True) if key != full_key]
-        close = difflib.get_close_matches(name, _keys_at(parent, others, config_name), n=1)
+        known = _keys_at(parent, others, config_name)
+        close = [SYNONYMS[name]] if SYNONYMS.get(name) in known else difflib.get_close_matches(name, known, n=1)
         suggestion = f" (did you mean {'.'.join(filter(None, [parent, close[0]]))!r}?)" if close else ""
         where = f"'{parent}'" if parent else "the config"
         return f"{full_key} is not a key of {where}{suggestion}; `python -m runner --cfg job` lists every key."

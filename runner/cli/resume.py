@@ -45,17 +45,20 @@ def from_command_line(path: str, overrides: list[str], *, search_path: list[str]
     """
     from runner.provenance import check_resumable
 
-    run_dir, checkpoint = find_checkpoint(path)
-    # Before anything of the folder's config is composed, validated or imported: it may name code.
     evaluates = str(parsed.value(overrides, "evaluate_only")).lower() == "true"  # runner eval's command line
     verb = "eval" if evaluates else "resume"
+    run_dir, checkpoint = find_checkpoint(path, named=f"runner eval {path}" if evaluates else None)
+    # Before anything of the folder's config is composed, validated or imported: it may name code.
     check_resumable(checkpoint, path=path, overrides=overrides, search_path=search_path, command=verb)
     switched = [line for line, override in zip(overrides, parsed.parse(overrides), strict=True)
                 if override.key_or_group in CONFIG_GROUPS]  # fmt: skip
     if switched:
+        example = "trainer.max_steps=2000"
+        if switched[0].lstrip("+~") == "parallel=ddp":  # continuing on several processes: DDP's options have defaults
+            example = "parallel.strategy=ddp"
         raise ConfigError(
             f"resume= keeps the resumed run's config groups, but {switched[0]} switches one; change values "
-            "(e.g. trainer.max_steps=2000) or start a new run."
+            f"(e.g. {example}) or start a new run."
         )
     return Resume(path, run_dir, checkpoint, tuple(replayed_overrides(checkpoint)))
 
@@ -95,12 +98,13 @@ def resumed_run(
     return cfg, parsed.last_per_key(replayed + new)
 
 
-def find_checkpoint(path: str, *, verify_checksums: bool = True) -> tuple[Path, Path]:
+def find_checkpoint(path: str, *, verify_checksums: bool = True, named: str | None = None) -> tuple[Path, Path]:
     """The run folder and checkpoint folder that ``resume=path`` names.
 
     ``path`` is a ``checkpoints/checkpoint_N`` folder, or a run folder (its newest intact checkpoint,
     skipping damaged ones with a warning). With ``verify_checksums`` the files are hashed here, and the
     workers this process starts do not hash them again; without, only their sizes are checked here.
+    ``named``: how the refusals name the path as the user typed it (``resume=PATH`` unless given).
 
     Raises:
         ConfigError: The path is missing, not a checkpoint or run folder, or has no intact checkpoint.
@@ -108,21 +112,27 @@ def find_checkpoint(path: str, *, verify_checksums: bool = True) -> tuple[Path, 
     from runner.engine.checkpoint import checkpoint_number, newest_intact_checkpoint
     from runner.engine.constants import CHECKPOINTS_DIR
 
+    named = named or f"resume={path}"
     folder = Path(path).expanduser().resolve()
     if folder.is_file():
         raise ConfigError(
-            f"resume={path} is a file, not a folder; pass a run folder or one of its checkpoints/checkpoint_N folders."
+            f"{named} is a file, not a folder; pass a run folder or one of its checkpoints/checkpoint_N folders."
         )
     if not folder.is_dir():
-        raise ConfigError(
-            f"resume={path} does not exist; pass a run folder or one of its checkpoints/checkpoint_N folders."
-        )
+        raise ConfigError(f"{named} does not exist; pass a run folder or one of its checkpoints/checkpoint_N folders.")
     if checkpoint_number(folder) is not None:
-        _check_intact(folder, path, verify_checksums=verify_checksums)
+        _check_intact(folder, named, verify_checksums=verify_checksums)
         return folder.parent.parent, folder
+    if not (folder / CHECKPOINTS_DIR).is_dir() and any(folder.glob("*.safetensors")):
+        run = f" ({folder.parent})" if (folder.parent / CHECKPOINTS_DIR).is_dir() else ""  # a run's model/ folder
+        raise ConfigError(
+            f"{named} holds a model's weights ({next(folder.glob('*.safetensors')).name}) but no checkpoints, so it "
+            f"is an exported model, not a run; pass the run it came from{run}, or one of its "
+            f"{CHECKPOINTS_DIR}/checkpoint_N folders."
+        )
     if not (folder / CHECKPOINTS_DIR).is_dir():
         raise ConfigError(
-            f"resume={path} is neither a checkpoint folder (checkpoint_N) nor a run folder (it has no "
+            f"{named} is neither a checkpoint folder (checkpoint_N) nor a run folder (it has no "
             f"{CHECKPOINTS_DIR}/ folder); pass one of those."
         )
     from runner.provenance import check_unchanged
@@ -134,14 +144,12 @@ def find_checkpoint(path: str, *, verify_checksums: bool = True) -> tuple[Path, 
     for checkpoint, error in skipped:
         logger.warning("Skipping %s: %s", checkpoint.name, error)
     if newest is not None:  # newest_intact_checkpoint checked it (and hashed it, with verify_checksums)
-        _check_intact(newest, path, verify_checksums=False, verified=verify_checksums)
+        _check_intact(newest, named, verify_checksums=False, verified=verify_checksums)
         return folder, newest
-    raise ConfigError(
-        f"resume={path} has no complete checkpoint in {folder / CHECKPOINTS_DIR}; start a new run instead."
-    )
+    raise ConfigError(f"{named} has no complete checkpoint in {folder / CHECKPOINTS_DIR}; start a new run instead.")
 
 
-def _check_intact(checkpoint: Path, path: str, *, verify_checksums: bool, verified: bool = False) -> None:
+def _check_intact(checkpoint: Path, named: str, *, verify_checksums: bool, verified: bool = False) -> None:
     """Refuse a damaged checkpoint, or one not written by the runner. Once its files are verified here
     (``verify_checksums``, or ``verified`` already), the workers this process starts do not hash them again."""
     from runner.engine.checkpoint import CheckpointError, read_manifest
@@ -150,12 +158,12 @@ def _check_intact(checkpoint: Path, path: str, *, verify_checksums: bool, verifi
     try:
         manifest = read_manifest(checkpoint, verify_checksums=verify_checksums)
     except CheckpointError as error:
-        raise ConfigError(f"resume={path}: {error}") from None
+        raise ConfigError(f"{named}: {error}") from None
     if verify_checksums or verified:
         mark_verified(checkpoint, manifest)
     if not (checkpoint / CONFIG_FILE).is_file():
         raise ConfigError(
-            f"resume={path}: {checkpoint} has no {CONFIG_FILE}, so it was not written by `python -m runner`; "
+            f"{named}: {checkpoint} has no {CONFIG_FILE}, so it was not written by `python -m runner`; "
             "load it from your own script with accelerator.load_state()."
         )
 

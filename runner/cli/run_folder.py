@@ -42,11 +42,17 @@ def check_run_folders(overrides: list[str]) -> None:
 
     A ``resume=`` path is taken as written, not resolved: a linked ``checkpoints/`` or
     ``checkpoint_N`` would otherwise move the run, and Hydra's writes, to wherever the link points.
+    A ``resume=`` folder without ``checkpoints/`` is no run: :func:`runner.cli.resume.find_checkpoint` says so.
     """
+    from runner.engine.constants import CHECKPOINTS_DIR
+
     given = parsed.values(overrides)
     folders = {_as_written(given[key]) for key in FOLDER_KEYS if _is_path(given.get(key))}
     if _is_path(given.get("resume")):
-        folders.add(resumed_run_folder(given["resume"]))
+        run = resumed_run_folder(given["resume"])
+        # A folder that is not a run (no checkpoints/ of its own) is refused as such by the resume itself.
+        if (run / CHECKPOINTS_DIR).is_dir() or (run / CHECKPOINTS_DIR).is_symlink():
+            folders.add(run)
     for folder in sorted(folders):
         check_no_links(folder)
 

@@ -27,6 +27,7 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
     not_a_checkpoint = tmp_path / "notes"
     not_a_checkpoint.mkdir()
     (not_a_checkpoint / "todo.txt").write_text("nothing to resume")
+    (not_a_checkpoint / "latest").symlink_to(run)  # a folder of notes may hold links; it is still no run
     corrupted = tmp_path / "copy"
     shutil.copytree(run, corrupted)
     optimizer = corrupted / "checkpoints" / "checkpoint_1" / "optimizer.bin"
@@ -59,7 +60,13 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
         ([f"data.root={truncated}", 'data.train_split="test[:100]"', 'data.eval_split="test[100:200]"',
           f"hydra.run.dir={tmp_path / 'other'}"], 1, f"{truncated / 't10k-images-idx3-ubyte.gz'} cannot be read"),
         ([f"resume={tmp_path / 'missing'}"], 2, str(tmp_path / "missing")),
-        ([f"resume={not_a_checkpoint}"], 2, str(not_a_checkpoint)),
+        ([f"resume={not_a_checkpoint}"], 2, f"resume={not_a_checkpoint} is neither a checkpoint folder "
+         "(checkpoint_N) nor a run folder (it has no checkpoints/ folder); pass one of those."),  # not its link
+        # Continuing on more processes: the strategy is a value on resume, not a group.
+        ([f"resume={run}", "trainer.num_processes=2"], 2, "trainer.num_processes=2 with trainer.num_nodes=1 needs a "
+         "parallel strategy; add parallel.strategy=ddp (or set trainer.num_processes=1)."),
+        ([f"resume={run}", "trainer.num_processes=2", "parallel=ddp"], 2, "resume= keeps the resumed run's config "
+         "groups, but parallel=ddp switches one; change values (e.g. parallel.strategy=ddp) or start a new run."),
         ([f"resume={corrupted}/checkpoints/checkpoint_1"], 2, "optimizer.bin does not match its xxh3_128 digest "
          "in the manifest (bytes 0-"),
         ([*common, "project.project_dir=/proc/runner-test"], 2, "project.project_dir=/proc/runner-test cannot be "
@@ -91,6 +98,9 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
         (["optimizer.lr=-1"], "optimizer.lr=-1.0 must be a positive number, e.g. optimizer.lr=1e-3."),
         (["optimizer.lr=nan"], "optimizer.lr=nan must be a positive number"),
         (["optimizer.lr=0"], "optimizer.lr=0.0 must be a positive number (0 trains nothing)"),
+        (["+optimizer.learning_rate=0.1"], "optimizer.learning_rate is not a parameter of torch.optim.AdamW; it takes "
+         "params, lr, betas, eps, weight_decay, amsgrad, maximize, foreach, capturable, differentiable, fused (did you "
+         "mean 'optimizer.lr'?)."),
         (["optimizer.betas=[1.5,0.9]"], "optimizer: AdamW(lr=0.001, betas=[1.5, 0.9], eps=1e-08, weight_decay=0.01) "
          "failed: Invalid beta parameter at index 0: 1.5; fix the optimizer.* keys."),
         (["model._target_=nosuch.Model"], "model._target_='nosuch.Model' does not import: there is no module named "
@@ -128,7 +138,10 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
         (["generate", str(run), "temprature=0.5"], 2, "'temprature=0.5' is not a setting (did you mean temperature?)"),
         (["generate", str(swept)], 2, f"{swept} is not a language model run (recipe=supervised"),  # read as a folder
         (["generate", str(tmp_path / "missing")], 2, f"{tmp_path / 'missing'} does not exist; pass a run folder"),
-        (["eval", str(not_a_checkpoint)], 2, f"resume={not_a_checkpoint} is neither a checkpoint folder"),
+        (["eval", str(not_a_checkpoint)], 2, f"runner eval {not_a_checkpoint} is neither a checkpoint folder"),
+        (["eval", str(run / "model")], 2, f"runner eval {run / 'model'} holds a model's weights (model.safetensors) "
+         f"but no checkpoints, so it is an exported model, not a run; pass the run it came from ({run}), or one of "
+         "its checkpoints/checkpoint_N folders."),
         (["eval"], 2, "runner eval needs a run or checkpoint folder first; usage: runner eval RUN_OR_CHECKPOINT"),
         (["eval", str(swept), "data.eval=null"], 2, "runner eval evaluates the run's data.eval, which is null; name "
          "the dataset to evaluate on the command line, e.g. 'data.eval={_target_:runner.data.MNIST,root:data,"

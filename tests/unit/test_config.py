@@ -96,6 +96,10 @@ def test_mnist_ddp_runs_two_processes_with_ddp():
         (["trainer.max_step=3"], "trainer.max_step is not a key of 'trainer' (did you mean 'trainer.max_steps'?)"),
         (["model.chanels=3"], "model.chanels is not a key of 'model' (did you mean 'model.channels'?)"),
         (["optimizer=sgd", "optimizer.momentm=0.5"], "did you mean 'optimizer.momentum'?"),
+        (
+            ["optimizer.learning_rate=0.1"],
+            "optimizer.learning_rate is not a key of 'optimizer' (did you mean 'optimizer.lr'?)",
+        ),  # another library's name for it  # fmt: skip
         (["sed=3"], "sed is not a key of the config (did you mean 'seed'?)"),
         (["+extra=1"], "extra is not a config key; remove it"),
         (["trainer.max_steps=abc"], "trainer.max_steps=abc is not valid: Value 'abc' of type 'str' could not be"),

@@ -61,6 +61,10 @@ def test_trainer_compile_defaults_off_and_mnist_configs_stay_valid():
     cfg = composed("trainer.compile=true")
     assert cfg.trainer.compile is True and (cfg.data.val_fraction, cfg.data.samples_per_epoch) == (None, None)
     assert composed("data=shakespeare_char").data.val_fraction == 0.1
+
+
+@needs_shakespeare
+def test_the_language_model_experiment_passes_the_checks_on_the_real_corpus():
     check_overrides(["experiment=shakespeare_gpt", f"data.root={SHAKESPEARE}", "data.samples_per_epoch=1000"])
 
 
