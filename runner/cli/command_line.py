@@ -94,9 +94,12 @@ def read(args: argparse.Namespace, argv: list[str], environment: LaunchEnvironme
                 refused = failed.error
         # A single run that starts workers here starts the process they fork from while the targets are checked.
         workers = None if command.multirun or environment.inside_launched_group else prepare_workers
-        cfg = check_overrides(overrides, config_name=command.config_name, config_dir=command.config_dir,
-                              targets=not args.cfg, before_targets=workers, refused=refused,
-                              composed=None if composed is None else composed.task_config())  # fmt: skip
+        try:
+            cfg = check_overrides(overrides, config_name=command.config_name, config_dir=command.config_dir,
+                                  targets=not args.cfg, before_targets=workers, refused=refused,
+                                  composed=None if composed is None else composed.task_config())  # fmt: skip
+        except ConfigError as error:
+            raise error if command.resume is None else resumes.with_started_config_dirs(error, command) from None
         checked = not args.cfg
         if command.resume is not None:
             resumes.check_extent(command.resume.checkpoint, cfg, path=command.resume.path)

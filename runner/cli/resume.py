@@ -98,6 +98,36 @@ def resumed_run(
     return cfg, parsed.last_per_key(replayed + new)
 
 
+def with_started_config_dirs(error: ConfigError, command) -> ConfigError:
+    """``error``, a refused option of the resumed run's, with the config folders the run was started with and this
+    command lacks (``--config-dir``, ``hydra.searchpath``): its own groups' options live there."""
+    from runner.cli.search_path import search_path_entries
+
+    if " is not an option" not in str(error):
+        return error
+    entries = search_path_entries(list(command.overrides), config_dir=command.config_dir)
+    given = {entry.removeprefix("file://") for entry in entries}
+    missing = [folder for folder in started_config_dirs(command.resume.run_dir) if folder not in given]
+    if not missing:
+        return error
+    flags = " ".join(f"--config-dir {folder}" for folder in missing)
+    return ConfigError(f"{str(error).rstrip('.')}; the run was started with {flags}, so give it to this command too.")
+
+
+def started_config_dirs(run_dir: Path) -> list[str]:
+    """The config folders the run's first command added to conf/ (``--config-dir``, ``hydra.searchpath``), as its
+    ``.hydra/hydra.yaml`` records them (read as plain YAML: nothing in it is resolved or called)."""
+    import yaml
+
+    record = run_dir / ".hydra" / "hydra.yaml"
+    try:
+        sources = yaml.safe_load(record.read_text())["hydra"]["runtime"]["config_sources"]
+        own = [source for source in sources if source.get("provider") not in ("main", "hydra", "schema")]
+        return [str(source["path"]) for source in own if source.get("schema") == "file"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return []  # no record (a run folder copied without it): nothing to add
+
+
 def find_checkpoint(path: str, *, verify_checksums: bool = True, named: str | None = None) -> tuple[Path, Path]:
     """The run folder and checkpoint folder that ``resume=path`` names.
 

@@ -185,6 +185,15 @@ def test_resume_is_bit_identical_for_a_users_experiment(project, full_run):
     first = runner(project, "experiment=blobs", "trainer.max_steps=20", "hydra.run.dir=runs/cut")
     assert first.returncode == 0, first.stderr[-3000:]
     cut = project / "runs" / "cut"
+    # Without --config-dir the run's experiment is not found: the run folder says which folder it came from.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    forgot = subprocess.run([sys.executable, "-m", "runner", f"resume={cut}", "trainer.max_steps=30"], cwd=project,
+                            env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert forgot.returncode == 2, forgot.stderr[-3000:]
+    last = forgot.stderr.strip().splitlines()[-1]
+    assert last.startswith("runner: error: experiment=blobs is not an option; choose one of mnist, ") and last.endswith(
+        f"; the run was started with --config-dir {project / 'conf'}, so give it to this command too."
+    ), last
     resumed = runner(project, f"resume={cut}", "trainer.max_steps=30")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resumed at step 20" in (cut / "run.log").read_text()
