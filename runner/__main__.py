@@ -1,10 +1,6 @@
 """``python -m runner``: see runner.cli."""
 
-from runner.startup import stamp
-
-stamp("python start and imports")
-
-from runner.cli import main  # noqa: E402
+from runner.cli import main
 
 if __name__ == "__main__":
     main()

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 LOG_FILE = "run.log"
+LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # run.log's lines (conf/hydra/job_logging)
 LOGS_DIR = "logs"
 METRICS_FILE = "metrics.json"
 MODEL_DIR = "model"

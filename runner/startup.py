@@ -8,8 +8,9 @@ optimizer step, e.g.::
     with Hydra 0.06 s, import torch 1.10 s, validate and check data 0.03 s, start workers 1.26 s,
     process group 0.05 s, build and prepare 1.19 s, first optimizer step 0.13 s)
 
-Whoever starts the command may stamp its own start first (``RUNNER_STARTUP=spawned=<time.time()>``),
-which adds the interpreter's start and imports as a phase (bench/startup.py does).
+The record starts at the process's own start (:func:`process_start`), so the first phase is the
+interpreter's start and imports. Whoever starts the command may stamp its own start first instead
+(``RUNNER_STARTUP=spawned=<time.time()>``; bench/startup.py does).
 
 :func:`skip_collection_at_exit` takes the other end: the second a process with torch loaded spends collecting
 garbage as its interpreter ends.
@@ -47,9 +48,27 @@ _COLLECTION_SKIPPED = False
 
 
 def stamp(phase: str) -> None:
-    """Record that ``phase`` ended now; processes started after this inherit the record."""
+    """Record that ``phase`` ended now; processes started after this inherit the record.
+
+    The first stamp of a command starts the record at the process's own start (where the system says when), so the
+    phases add up to the time since the command: the interpreter's start and imports are the first phase.
+    """
     previous = os.environ.get(STARTUP_ENV, "")
+    if not previous and (started := process_start()) is not None:
+        previous = f"command={started:.6f}"
     os.environ[STARTUP_ENV] = f"{previous};{phase}={time.time():.6f}" if previous else f"{phase}={time.time():.6f}"
+
+
+def process_start() -> float | None:
+    """When this process started, as ``time.time()`` (to the clock tick, 10 ms); None where ``/proc`` cannot say."""
+    try:
+        with open("/proc/self/stat") as file:
+            ticks = int(file.read().rpartition(")")[2].split()[19])  # starttime, field 22: ticks after boot
+        with open("/proc/uptime") as file:
+            uptime = float(file.read().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def restart(phase: str) -> None:

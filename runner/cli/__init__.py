@@ -25,8 +25,9 @@ def main() -> None:
     (:mod:`runner.cli.generate`).
     """
     from runner.launch.commands import command_of, run_command
-    from runner.startup import skip_collection_at_exit
+    from runner.startup import skip_collection_at_exit, stamp
 
+    stamp("python start and imports")  # from the process's start: the interpreter, and the imports of the entry point
     skip_collection_at_exit()
     if (script_command := command_of(sys.argv[1:])) is not None:
         sys.exit(run_command(script_command, sys.argv[2:]))

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from runner import overrides as parsed
 from runner.cli.search_path import search_path_overrides
 from runner.config import CONF_DIR, CONFIG_NAME, ConfigError, RunnerConfig
+from runner.startup import stamp
 from runner.targets import SYNONYMS
 from runner.validation import check_hardware, validate
 
@@ -76,6 +77,7 @@ def check_overrides(
         raise ConfigError(f"{unknown[0]} is not a config key; remove it (valid top-level keys: {', '.join(valid)}).")
     validate(cfg)
     if targets:
+        stamp("compose and validate the config")
         if before_targets is not None:
             before_targets(cfg)
         _check_targets_and_data(cfg)
@@ -118,8 +120,10 @@ def _check_targets_and_data(cfg: DictConfig) -> None:
 
     check_targets(cfg)
     check_construction(cfg)
+    stamp("import and build the targets")  # torch, and the modules the config names (torchmetrics, ...)
     if not cfg.resume:
         prepare_datasets(cfg.data)  # before Hydra writes anything: missing files, splits that select nothing
+        stamp("check the data")
 
 
 def describe_composition_error(error: Exception, overrides: list[str], config_name: str = CONFIG_NAME) -> str:

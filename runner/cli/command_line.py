@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from runner.config import CONFIG_NAME, ConfigError
 from runner.launch import slurm
 from runner.launch.elastic import prepare_workers
 from runner.launch.environment import LaunchEnvironment
+from runner.layout import LOG_FORMAT
 from runner.overrides import hydra_value
 
 
@@ -94,9 +96,17 @@ def read(args: argparse.Namespace, argv: list[str], environment: LaunchEnvironme
                 refused = failed.error
         # A single run that starts workers here starts the process they fork from while the targets are checked.
         workers = None if command.multirun or environment.inside_launched_group else prepare_workers
+        folder = _with_run_folder(dataclasses.replace(command, overrides=tuple(overrides)), environment).run_folder
+
+        def before_targets(cfg) -> None:
+            if folder is not None:  # importing the targets (torch, torchmetrics, ...) takes seconds: say where first
+                announce_run_folder(folder)
+            if workers is not None:
+                workers(cfg)
+
         try:
             cfg = check_overrides(overrides, config_name=command.config_name, config_dir=command.config_dir,
-                                  targets=not args.cfg, before_targets=workers, refused=refused,
+                                  targets=not args.cfg, before_targets=before_targets, refused=refused,
                                   composed=None if composed is None else composed.task_config())  # fmt: skip
         except ConfigError as error:
             raise error if command.resume is None else resumes.with_started_config_dirs(error, command) from None
@@ -132,6 +142,12 @@ def _torchrun_run_dir(environment: LaunchEnvironment) -> list[str]:
     from runner.cli.torchrun import agreed_run_dir
 
     return agreed_run_dir(environment)
+
+
+def announce_run_folder(folder: Path) -> None:
+    """The run's first log line, on the console only: where it writes (Hydra's logging starts later, in the run)."""
+    record = logging.LogRecord("runner", logging.INFO, __file__, 0, "Run folder: %s", (folder,), None)
+    print(logging.Formatter(LOG_FORMAT).format(record), flush=True)
 
 
 def _with_run_folder(command: CommandLine, environment: LaunchEnvironment) -> CommandLine:

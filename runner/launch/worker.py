@@ -16,7 +16,7 @@ from runner import preemption, trackers
 from runner.config import FSDPConfig
 from runner.launch import lost_nodes
 from runner.launch.environment import LaunchEnvironment
-from runner.layout import CONFIG_FILE, LOG_FILE, LOGS_DIR, OVERRIDES_FILE
+from runner.layout import CONFIG_FILE, LOG_FILE, LOG_FORMAT, LOGS_DIR, OVERRIDES_FILE
 from runner.recipe_validation import recipe_module
 from runner.startup import stamp
 
@@ -37,7 +37,7 @@ def configure_logging(*, rank: int, log_file: Path | None) -> None:
         has_file = any(isinstance(h, logging.FileHandler) for h in root.handlers)
         if log_file is not None and not has_file:
             handler = logging.FileHandler(log_file, mode="a")
-            handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+            handler.setFormatter(logging.Formatter(LOG_FORMAT))
             root.addHandler(handler)
 
 

@@ -41,9 +41,16 @@ def test_default_experiment_on_one_process(tmp_path):
     assert "step 20/20" in log
     phases = re.search(r"Start-up: first optimizer step [\d.]+ s after the command \((.*)\)", log).group(1)
     assert [part.rsplit(" ", 2)[0] for part in phases.split(", ")] == [
-        "check the command line", "compose with Hydra", "import torch", "validate and check data",
+        "python start and imports", "compose and validate the config", "import and build the targets",
+        "check the data", "check the command line", "compose with Hydra", "import torch", "validate and check data",
         "start workers", "process group", "build and prepare", "first optimizer step",
     ]  # fmt: skip
+    total = float(re.search(r"Start-up: first optimizer step ([\d.]+) s", log).group(1))
+    assert abs(sum(float(part.rsplit(" ", 2)[1]) for part in phases.split(", ")) - total) < 0.07  # rounding alone
+    # The first line says where the run goes, before the config's targets are imported (seconds, with torchmetrics).
+    assert re.fullmatch(
+        r"\[[\d:, -]+\]\[runner\]\[INFO\] - Run folder: " + re.escape(str(run)), result.stdout.splitlines()[0]
+    )
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint_0"]
     manifest = json.loads((run / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())
     assert (manifest["step"], manifest["epoch"], len(manifest["config_sha256"])) == (20, 0, 64)
@@ -93,10 +100,10 @@ def test_mnist_ddp_with_fp16_scales_its_loss_and_says_what_it_costs_on_the_cpu(t
     # The workers were forked from the preloaded server, in the environment of the launch: the launching process's
     # phases, stamped after the server started, reached them.
     phases = re.search(r"Start-up: first optimizer step [\d.]+ s after the command \((.*)\)", log).group(1)
-    assert [part.rsplit(" ", 2)[0] for part in phases.split(", ")][:2] == [
-        "check the command line",
-        "compose with Hydra",
-    ]
+    assert [part.rsplit(" ", 2)[0] for part in phases.split(", ")][:6] == [
+        "python start and imports", "compose and validate the config", "import and build the targets",
+        "check the data", "check the command line", "compose with Hydra",
+    ]  # fmt: skip
     assert "start workers" in phases
 
 

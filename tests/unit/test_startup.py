@@ -1,4 +1,9 @@
+import json
 import logging
+import os
+import subprocess
+import sys
+import time
 
 from runner import startup
 
@@ -30,3 +35,16 @@ def test_the_first_step_is_logged_once_per_run_and_not_after_a_restart(monkeypat
 def test_a_foreign_value_reports_nothing(monkeypatch):
     monkeypatch.setenv(startup.STARTUP_ENV, "not=a;number=x")
     assert startup.stamps() == [] and startup.summary() is None
+
+
+def test_a_command_s_first_stamp_starts_the_record_at_the_process_s_own_start():
+    script = ("import time; began = time.time(); from runner import startup; startup.stamp('imports'); "
+              "import json; print(json.dumps([began, startup.stamps()]))")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != startup.STARTUP_ENV}
+    before = time.time()
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    began, found = json.loads(result.stdout)
+    (first, started), (phase, ended) = found
+    assert (first, phase) == ("command", "imports")
+    # Before the script's first line ran (the interpreter's start), after this process asked for it (to /proc's ticks).
+    assert before - 0.05 <= started <= began <= ended
