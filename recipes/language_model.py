@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, RandomSampler
 
-from runner import preemption, trackers
+from runner import preemption, startup, trackers
 from runner.components import build, build_datasets
 from runner.data.text import VOCAB_FILE, CharVocab
 from runner.engine import Accelerator, CheckpointError, set_seed
@@ -186,7 +186,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     if accelerator.is_main_process:
         vocab.save(project_dir / MODEL_DIR / VOCAB_FILE)
         write_text_atomically(project_dir / SAMPLES_FILE, "\n\n---\n\n".join(samples) + "\n")
-        summary = {**loop.metrics, "step": progress.step, "epoch": train_loader.iteration}
+        summary = {**loop.metrics, "step": progress.step, "epoch": train_loader.iteration, **startup.timings()}
         write_metrics(project_dir / METRICS_FILE, summary)
         accelerator.log({"samples": "\n\n---\n\n".join(samples)}, step=progress.step)  # text, where a tracker takes it
         trackers.finish(accelerator, cfg)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from runner import preemption, trackers
+from runner import preemption, startup, trackers
 from runner.components import (
     batch_size,
     build,
@@ -145,7 +145,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     project_dir = Path(accelerator.project_dir)
     save_final_model(accelerator, model, project_dir / MODEL_DIR)
     if accelerator.is_main_process:
-        summary = {**loop.metrics, "step": progress.step, "epoch": train_loader.iteration}
+        summary = {**loop.metrics, "step": progress.step, "epoch": train_loader.iteration, **startup.timings()}
         write_metrics(project_dir / METRICS_FILE, summary)
         trackers.finish(accelerator, cfg)
     accelerator.end_training()

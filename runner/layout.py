@@ -2,7 +2,8 @@
 
 <run>/run.log              every rank's log lines (rank 0's, and any rank's warnings)
 <run>/logs/                TensorBoard events
-<run>/metrics.json         the final metrics and step
+<run>/metrics.json         the final metrics and step, and the command's wall time and time to its first step
+<run>/curves.png           the logged curves over the steps (written at the end; `runner report <run>` redraws it)
 <run>/samples.txt          text the language-model recipe generates at the end
 <run>/trackers.json        the MLflow and W&B run ids (tracker=mlflow, wandb), which a resume continues
 <run>/model/               the final weights (model.safetensors; Hugging Face's config.json for its models)
@@ -19,6 +20,7 @@ LOG_FILE = "run.log"
 LOG_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # run.log's lines (conf/hydra/job_logging)
 LOGS_DIR = "logs"
 METRICS_FILE = "metrics.json"
+CURVES_PNG = "curves.png"
 MODEL_DIR = "model"
 SAMPLES_FILE = "samples.txt"
 TRACKERS_FILE = "trackers.json"  # the MLflow / W&B run ids a resume continues

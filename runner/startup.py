@@ -98,6 +98,26 @@ def summary() -> str | None:
     return f"Start-up: {found[-1][0]} {found[-1][1] - found[0][1]:.2f} s after the command ({phases})"
 
 
+def elapsed() -> float | None:
+    """Seconds since this command started (its record's first stamp), or None without a record."""
+    found = stamps()
+    return time.time() - found[0][1] if found else None
+
+
+def timings() -> dict[str, float]:
+    """metrics.json's account of this command's time: its wall time so far (``wall_time_s``) and the time to its
+    first optimizer step (``time_to_first_step_s``), in seconds; what the record cannot say is left out."""
+    found = stamps()
+    if not found:
+        return {}
+    start = found[0][1]
+    times = {"wall_time_s": round(time.time() - start, 3)}
+    first = dict(found).get("first optimizer step")
+    if first is not None:
+        times["time_to_first_step_s"] = round(first - start, 3)
+    return times
+
+
 def log_first_step() -> None:
     """Stamp the first optimizer step and log the summary (the first start of a run only)."""
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0):

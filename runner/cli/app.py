@@ -18,7 +18,7 @@ from typing import NoReturn
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from runner import preemption, trackers
+from runner import preemption, run_report, trackers
 from runner.cli import RUNTIME_ERROR, USAGE_ERROR
 from runner.cli import resume as resumes
 from runner.cli.command_line import CommandLine
@@ -26,7 +26,7 @@ from runner.config import CONF_DIR, CONFIG_NAME, ConfigError
 from runner.launch import slurm
 from runner.launch.environment import LaunchEnvironment
 from runner.launch.preflight import check_rendezvous_port, check_resolves, check_writable, wait_for_rendezvous
-from runner.startup import restart, stamp, stamps
+from runner.startup import elapsed, restart, stamp, stamps
 from runner.validation import check_devices, check_hardware, validate
 
 logger = logging.getLogger("runner")
@@ -92,11 +92,12 @@ def main(cfg: DictConfig, command: CommandLine | None = None) -> float | None:
     job = SweepJob.current()  # None unless this is one job of a multirun
     if job is not None and "first optimizer step" in dict(stamps()):
         restart("start the next sweep job")  # an earlier job of this process already reported its start-up
-    project_dir = None
+    project_dir, launched = None, False
     try:
         cfg, overrides = _resolve(cfg, command, job)
         project_dir = _project_dir(cfg)
         _check_machine(cfg, project_dir)
+        launched = True
         objective = _launch(cfg, overrides, project_dir, job)
     except FolderLocked as error:  # another process runs this folder: its record is not ours to touch
         _fail(job, RUNTIME_ERROR, str(error), record=False)
@@ -109,9 +110,13 @@ def main(cfg: DictConfig, command: CommandLine | None = None) -> float | None:
         message = _stopped(stop, str(project_dir), sweep=job is not None, evaluation=evaluation)
         if job is not None:
             job.stop(message)  # the whole sweep stops: the scheduler wants the machine back
+        if launched and _closes(cfg, job):
+            _to_run_log(logging.WARNING, f"Stopped after {run_report.duration(elapsed() or 0)}: {message}")
         print(f"runner: {message}", file=sys.stderr)
         sys.exit(preemption.EXIT_CODE)
     except (WorkerFailed, CheckpointError, DownloadError, DataFileError, BatchError, JobFailed) as error:
+        if launched and _closes(cfg, job):
+            _close_failed(project_dir, str(error), getattr(error, "traceback", None))
         _fail(job, RUNTIME_ERROR, str(error))
     except Exception as error:
         if job is not None:
@@ -119,7 +124,45 @@ def main(cfg: DictConfig, command: CommandLine | None = None) -> float | None:
         raise
     if job is not None:
         job.finish(objective)
+    elif _closes(cfg, job):
+        _close(project_dir)
     return objective
+
+
+def _closes(cfg: DictConfig, job) -> bool:
+    """Whether this process ends the run's log with its closing lines: a single run's training (not runner eval's,
+    which says its own), in the one process that holds its folder (the launching process, torchrun's rank 0)."""
+    if job is not None or cfg.get("evaluate_only") or cfg.trainer.node_rank != 0:
+        return False
+    return LaunchEnvironment.read().global_rank == 0
+
+
+def _close(project_dir: Path) -> None:
+    """The closing lines of a run that finished, after its curves are drawn (curves.png)."""
+    try:
+        curves = run_report.draw_curves(project_dir)
+    except Exception as error:  # the picture is a convenience: the run is done and saved all the same
+        logger.warning("curves.png was not drawn (%s: %s); runner report %s retries", type(error).__name__, error,
+                       project_dir)  # fmt: skip
+        curves = None
+    for line in run_report.finished(project_dir, seconds=elapsed(), curves=curves):
+        logger.info(line)
+
+
+def _close_failed(project_dir: Path, message: str, traceback: str | None) -> None:
+    """The closing lines of a run that failed: its error and the failed rank's traceback into run.log (the console
+    shows them above, and the error again as the last line), then where it is and how to continue it."""
+    _to_run_log(logging.ERROR, f"Failed: {message}" + (f"\n{traceback}" if traceback else ""))
+    for line in run_report.ended_early(project_dir, "The run failed", seconds=elapsed()):
+        logger.info(line)
+
+
+def _to_run_log(level: int, text: str) -> None:
+    """Write ``text`` into the run's log file alone (Hydra's file handler), not to the console."""
+    record = logger.makeRecord(logger.name, level, __file__, 0, text, (), None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def _resolve(cfg: DictConfig, command: CommandLine | None, job) -> tuple[DictConfig, list[str]]:

@@ -26,7 +26,11 @@ logger = logging.getLogger("runner")
 
 
 class WorkerFailed(RuntimeError):
-    """A training process failed; the message names the rank and its error."""
+    """A training process failed; the message names the rank and its error, ``traceback`` is the one it recorded."""
+
+    def __init__(self, message: str, traceback: str | None = None) -> None:
+        super().__init__(message)
+        self.traceback = traceback
 
 
 def resolve_num_processes(value: Any, *, cpu: bool) -> int:
@@ -75,7 +79,7 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     from runner.engine.launchers import elastic_run
-    from runner.launch.failures import describe_failure, root_cause
+    from runner.launch.failures import describe_failure, recorded_traceback, root_cause
     from runner.launch.worker import run_worker_process
 
     trainer = config["trainer"]
@@ -129,7 +133,8 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
         if all(failure.exitcode == preemption.EXIT_CODE for failure in error.failures.values()):
             name = _TRANSLATED[0] if _TRANSLATED else "a stop signal to the workers"
             raise preemption.Preempted(name, step=-1) from None
-        raise WorkerFailed(describe_failure(error.failures)) from None
+        rank, _ = root_cause(error.failures)
+        raise WorkerFailed(describe_failure(error.failures), recorded_traceback(error.failures, rank)) from None
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)

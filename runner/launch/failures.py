@@ -51,6 +51,24 @@ def root_cause(failures: dict) -> tuple[int, str]:
     return rank, detail
 
 
+def recorded_traceback(failures: dict, rank: int) -> str | None:
+    """The traceback ``rank`` wrote into its error file (torch's record of a failed worker), read from the file of
+    its own failure or, for a rank the agent stopped, from the attempt's folder its peers' files are in."""
+    for failed, failure in failures.items():
+        error_file = Path(str(failure.error_file))
+        if failed != rank:
+            if not error_file.parent.name.isdigit():
+                continue
+            error_file = error_file.parent.parent / str(rank - failed + failure.local_rank) / "error.json"
+        try:
+            trace = json.loads(error_file.read_text())["message"]["extraInfo"]["py_callstack"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(trace, str) and trace.strip():
+            return trace.rstrip()
+    return None
+
+
 def _sibling_errors(rank: int, failure) -> dict[int, str]:
     """Messages in the error files of the other local ranks of ``failure``'s attempt, by global rank."""
     error_file = Path(str(failure.error_file))

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -254,13 +255,20 @@ def _plot(path: Path, jobs: list[Job], keys: list[str]) -> None:
         axis.set_ylabel(objective)
         axis.grid(alpha=0.3)
     _plot_curves(figure, axes, jobs, keys)
-    figure.suptitle(f"Sweep {path.parent.name}: {objective} per parameter, and every job's {LOSS}")
+    figure.suptitle(
+        fitted_title(f"Sweep {path.parent.name}: {objective} per parameter, and every job's {LOSS}", figure)
+    )
     figure.tight_layout()
     try:
         # Jobs of a sweep that end at once may all rewrite it: each under a temporary name of its own.
         write_atomically(path, lambda partial: figure.savefig(partial, format="png", dpi=100), shared=True)
     finally:
         plt.close(figure)
+
+
+def fitted_title(text: str, figure) -> str:
+    """``text`` wrapped to the figure's width (about 11 characters of a title's size per inch), never clipped."""
+    return textwrap.fill(text, width=max(20, int(figure.get_figwidth() * 11)))
 
 
 def _plot_curves(figure, axes, jobs: list[Job], keys: list[str]) -> None:

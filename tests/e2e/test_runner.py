@@ -58,6 +58,23 @@ def test_default_experiment_on_one_process(tmp_path):
     load_checkpoint_in_model(fresh, run / "model", strict=True)  # the final model, into a plain model
     saved = load_file(run / "model" / "model.safetensors")
     assert all(torch.equal(fresh.state_dict()[k], saved[k]) for k in saved)
+    # Its closing lines, its picture, its times.
+    closing = [line.split("[INFO] - ", 1)[1] for line in result.stdout.splitlines()[-4:]]
+    finished = r"Finished in [\d.]+ s: eval/accuracy [\d.]+ \| eval/loss [\d.]+ \| step 20 \| train/loss [\d.]+\."
+    assert re.fullmatch(finished, closing[0]), closing
+    assert closing[1:] == [
+        f"Run folder: {run}; newest checkpoint: checkpoint_0 (step 20).",
+        f"Curves: {run / 'curves.png'} (runner report {run} redraws them).",
+        f"Evaluate it with `runner eval {run}`; train it further with `runner resume={run} trainer.max_steps=<more "
+        "steps>`.",
+    ]
+    assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    times = json.loads((run / "metrics.json").read_text())
+    assert 0 < times["time_to_first_step_s"] < times["wall_time_s"] < 600
+    (run / "curves.png").unlink()
+    redrawn = run_cli("report", str(run), cwd=tmp_path)
+    assert redrawn.returncode == 0 and redrawn.stdout == f"Wrote {run / 'curves.png'}\n", redrawn.stderr[-2000:]
+    assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # runner eval: the newest checkpoint's model on the run's eval data gives the run's own final eval, exactly;
     # another split its own numbers; nothing the run wrote changes.
@@ -221,6 +238,11 @@ def test_a_failing_worker_fails_the_run_with_its_error(tmp_path):
     )  # fmt: skip
     assert result.returncode == 1
     assert "runner: error: Worker rank 1 failed: RuntimeError: the GPU caught fire" in result.stderr
+    # The run's folder keeps the failed rank's error with its traceback, and the console says where the run is.
+    log = (tmp_path / "run" / "run.log").read_text()
+    assert "[runner][ERROR] - Failed: Worker rank 1 failed: RuntimeError: the GPU caught fire\nTraceback" in log
+    assert "flaky_recipe.py\", line 3, in train\n    raise RuntimeError('the GPU caught fire')" in log
+    assert f"- Run folder: {tmp_path / 'run'}; newest checkpoint: no complete checkpoint." in result.stdout
 
 
 def test_user_mistakes_found_before_launch_exit_2_without_a_traceback(tmp_path):

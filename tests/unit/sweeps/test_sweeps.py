@@ -309,3 +309,23 @@ def _grid_sweep(folder, task: list[str]) -> None:
         }}),
         folder / "multirun.yaml",
     )  # fmt: skip
+
+
+def test_a_figure_title_is_wrapped_to_fit_its_figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from runner.sweeps.report import fitted_title
+
+    title = "Sweep 10-49-55: eval/accuracy per parameter, and every job's train/loss"  # one swept key: one panel wide
+    for wrap in (False, True):
+        figure = plt.figure(figsize=(4.5, 7.5))
+        text = fitted_title(title, figure) if wrap else title
+        shown = figure.suptitle(text)
+        figure.canvas.draw()
+        box = shown.get_window_extent()
+        fits = box.x0 >= 0 and box.x1 <= figure.bbox.width
+        plt.close(figure)
+        assert fits == wrap, text  # as given it is clipped at both edges; wrapped it fits
