@@ -47,15 +47,12 @@ def draw_curves(run_dir: Path) -> Path | None:
     shown = panels(scalars)
     if not shown:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # a figure of its own, drawn by Agg: no pyplot, no global state
 
     columns = min(len(shown), 3)
     rows = math.ceil(len(shown) / columns)
-    width = 4.5 * columns
-    figure, axes = plt.subplots(rows, columns, figsize=(width, 3.6 * rows + 0.6), squeeze=False)
+    figure = Figure(figsize=(4.5 * columns, 3.6 * rows + 0.6))
+    axes = figure.subplots(rows, columns, squeeze=False)
     for axis, (title, tags) in zip(axes.flat, shown, strict=False):
         for tag in tags:
             points = scalars[tag]
@@ -74,10 +71,7 @@ def draw_curves(run_dir: Path) -> Path | None:
     figure.suptitle(fitted_title(f"{run_dir.name}: every logged curve to step {last}", figure))
     figure.tight_layout()
     path = run_dir / CURVES_PNG
-    try:
-        write_atomically(path, lambda partial: figure.savefig(partial, format="png", dpi=100))
-    finally:
-        plt.close(figure)
+    write_atomically(path, lambda partial: figure.savefig(partial, format="png", dpi=100))
     return path
 
 
