@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.datasets import DATA
+from tests.shared_data import DATA
 
 NEEDED = {
     "mnist/t10k-images-idx3-ubyte.gz": "the MNIST test split",

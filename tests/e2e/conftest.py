@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.datasets import MNIST
 from tests.preloaded import run_module
+from tests.shared_data import MNIST
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from runner.cli.export import main as export
 from runner.cli.generate import generate
 from runner.data import causal_lm_blocks
-from tests.datasets import SHAKESPEARE, needs_shakespeare
 from tests.e2e.conftest import metrics, run_cli
+from tests.shared_data import SHAKESPEARE, needs_shakespeare
 
 transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")

@@ -16,8 +16,8 @@ from runner.cli.generate import GenerateError, generate
 from runner.data.text import CharVocab, build_char_dataset, read_corpus
 from runner.engine import load_checkpoint_in_model
 from runner.models import GPT
-from tests.datasets import SHAKESPEARE, needs_shakespeare
 from tests.e2e.conftest import metrics, run_cli
+from tests.shared_data import SHAKESPEARE, needs_shakespeare
 
 TINY = {"block_size": 32, "n_layer": 1, "n_head": 2, "n_embd": 32}
 EVAL_WINDOWS = 64

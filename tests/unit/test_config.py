@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from runner.cli.check import check_overrides
 from runner.config import CONF_DIR, DP_SHARD_AUTO, TP_STYLES, ConfigError, RunnerConfig, register_configs
 from runner.validation import validate
-from tests.datasets import MNIST, needs_mnist
+from tests.shared_data import MNIST, needs_mnist
 
 register_configs()
 GROUP_OPTIONS = sorted(

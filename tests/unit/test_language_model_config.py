@@ -5,7 +5,7 @@ from hydra import compose, initialize_config_dir
 
 from runner.cli.check import check_overrides
 from runner.config import CONF_DIR, ConfigError, register_configs
-from tests.datasets import SHAKESPEARE, needs_shakespeare
+from tests.shared_data import SHAKESPEARE, needs_shakespeare
 
 register_configs()
 

@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 
 from runner.cli.app import main
 from runner.config import CONF_DIR, register_configs
-from tests.datasets import MNIST, needs_mnist
+from tests.shared_data import MNIST, needs_mnist
 
 
 @needs_mnist

@@ -12,7 +12,7 @@ from runner.cli.command_line import parse_arguments, read
 from runner.config import ConfigError, register_configs
 from runner.engine import Accelerator, ProjectConfiguration
 from runner.launch.environment import LaunchEnvironment
-from tests.datasets import MNIST, needs_mnist
+from tests.shared_data import MNIST, needs_mnist
 
 register_configs()  # as runner.cli.main does before it composes
 ALONE = LaunchEnvironment()

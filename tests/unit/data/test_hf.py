@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 import runner.data
 from runner.data.hf import causal_lm_blocks
 from runner.metrics import build_metrics, drop_first_position, drop_last_position
-from tests.datasets import SHAKESPEARE
+from tests.shared_data import SHAKESPEARE
 
 datasets = pytest.importorskip("datasets")
 

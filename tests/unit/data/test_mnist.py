@@ -13,8 +13,8 @@ import runner.data
 from runner.data import mnist_files
 from runner.data.mnist import MEAN, MNIST, STD, read_idx
 from runner.data.mnist_files import download_mnist
-from tests.datasets import MNIST as REAL_MNIST
 from tests.helpers import http_mirror
+from tests.shared_data import MNIST as REAL_MNIST
 
 TRAIN_IMAGES, TRAIN_LABELS = mnist_files.MNIST_FILES["train"]
 TEST_IMAGES, TEST_LABELS = mnist_files.MNIST_FILES["test"]

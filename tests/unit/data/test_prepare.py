@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 import runner.data
 from runner.config import ConfigError
 from runner.data import prepare_datasets
-from tests.datasets import MNIST
+from tests.shared_data import MNIST
 
 CALLS = []
 

@@ -17,8 +17,8 @@ from runner.data.text import MAX_VOCAB_BYTES, CharVocab, CharWindows, build_char
 from runner.engine.data import DataLoaderConfiguration
 from runner.engine.data.loaders import prepare_data_loader
 from runner.engine.optimizer import GradientAccumulationPlugin, GradientState
-from tests.datasets import SHAKESPEARE, needs_shakespeare
 from tests.helpers import http_mirror
+from tests.shared_data import SHAKESPEARE, needs_shakespeare
 
 # 1000 characters without repeated windows, so a window's text identifies its offset.
 TEXT = "".join(random.Random(0).choices("abcdefghijklmnopqrstuvwxyz ,.;!?\n", k=1000))

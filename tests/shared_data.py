@@ -19,9 +19,9 @@ SHAKESPEARE = DATA / "tinyshakespeare"
 
 needs_mnist = pytest.mark.skipif(
     not (MNIST / "t10k-images-idx3-ubyte.gz").is_file() and not (MNIST / "t10k-images-idx3-ubyte").is_file(),
-    reason=f"the MNIST test split is not in {MNIST} (see tests/datasets.py)",
+    reason=f"the MNIST test split is not in {MNIST} (see tests/shared_data.py)",
 )
 needs_shakespeare = pytest.mark.skipif(
     not (SHAKESPEARE / "input.txt").is_file(),
-    reason=f"tiny-shakespeare is not in {SHAKESPEARE} (see tests/datasets.py)",
+    reason=f"tiny-shakespeare is not in {SHAKESPEARE} (see tests/shared_data.py)",
 )
