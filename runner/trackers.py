@@ -56,7 +56,11 @@ def build(cfg: DictConfig) -> list:
     for name, node in (cfg.get("tracker") or {}).items():
         keys = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node or {})
         if name == "tensorboard":
-            trackers.append(TensorBoardTracker("", project_dir / LOGS_DIR))
+            # A resume hides what the run logged after its checkpoint, as TensorBoard does after a crash: from an
+            # earlier checkpoint, those steps belong to a history the run no longer has.
+            step = _resumed_step(cfg)
+            purge = {} if step is None else {"purge_step": step + 1}
+            trackers.append(TensorBoardTracker("", project_dir / LOGS_DIR, **purge))
         elif name == "csv":
             trackers.append(CSVTracker("", project_dir / LOGS_DIR))
         elif name == "mlflow":
@@ -85,6 +89,19 @@ def build(cfg: DictConfig) -> list:
 
             trackers.append(instantiate(node))
     return trackers
+
+
+def _resumed_step(cfg: DictConfig) -> int | None:
+    """The step of the checkpoint the run resumes (its manifest's, verified before launch), or None."""
+    from runner.engine.constants import MANIFEST_NAME
+
+    if not cfg.resume:
+        return None
+    try:
+        step = json.loads((Path(cfg.resume) / MANIFEST_NAME).read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def _continues_own_run(checkpoint: Path) -> bool:

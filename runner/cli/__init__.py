@@ -35,8 +35,8 @@ def main() -> None:
         from runner.cli.export import main as export
 
         sys.exit(export(sys.argv[2:]))
-    if sys.argv[1:2] == ["report"]:  # a run's curves.png, a sweep's summary: runner/run_report.py
-        from runner.run_report import main as report
+    if sys.argv[1:2] == ["report"]:  # a run's curves.png, a sweep's summary: runner/cli/report.py
+        from runner.cli.report import main as report
 
         sys.exit(report(sys.argv[2:]))
     if sys.argv[1:2] == ["generate"]:  # text from a language-model run: runner/cli/generate.py

@@ -18,8 +18,8 @@ from typing import NoReturn
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from runner import preemption, run_report, trackers
-from runner.cli import RUNTIME_ERROR, USAGE_ERROR
+from runner import preemption, trackers
+from runner.cli import RUNTIME_ERROR, USAGE_ERROR, report
 from runner.cli import resume as resumes
 from runner.cli.command_line import CommandLine
 from runner.config import CONF_DIR, CONFIG_NAME, ConfigError
@@ -111,7 +111,7 @@ def main(cfg: DictConfig, command: CommandLine | None = None) -> float | None:
         if job is not None:
             job.stop(message)  # the whole sweep stops: the scheduler wants the machine back
         if launched and _closes(cfg, job):
-            _to_run_log(logging.WARNING, f"Stopped after {run_report.duration(elapsed() or 0)}: {message}")
+            _to_run_log(logging.WARNING, f"Stopped after {report.duration(elapsed() or 0)}: {message}")
         print(f"runner: {message}", file=sys.stderr)
         sys.exit(preemption.EXIT_CODE)
     except (WorkerFailed, CheckpointError, DownloadError, DataFileError, BatchError, JobFailed) as error:
@@ -140,12 +140,12 @@ def _closes(cfg: DictConfig, job) -> bool:
 def _close(project_dir: Path) -> None:
     """The closing lines of a run that finished, after its curves are drawn (curves.png)."""
     try:
-        curves = run_report.draw_curves(project_dir)
+        curves = report.draw_curves(project_dir)
     except Exception as error:  # the picture is a convenience: the run is done and saved all the same
         logger.warning("curves.png was not drawn (%s: %s); runner report %s retries", type(error).__name__, error,
                        project_dir)  # fmt: skip
         curves = None
-    for line in run_report.finished(project_dir, seconds=elapsed(), curves=curves):
+    for line in report.finished(project_dir, seconds=elapsed(), curves=curves):
         logger.info(line)
 
 
@@ -153,7 +153,7 @@ def _close_failed(project_dir: Path, message: str, traceback: str | None) -> Non
     """The closing lines of a run that failed: its error and the failed rank's traceback into run.log (the console
     shows them above, and the error again as the last line), then where it is and how to continue it."""
     _to_run_log(logging.ERROR, f"Failed: {message}" + (f"\n{traceback}" if traceback else ""))
-    for line in run_report.ended_early(project_dir, "The run failed", seconds=elapsed()):
+    for line in report.ended_early(project_dir, "The run failed", seconds=elapsed()):
         logger.info(line)
 
 

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import overrides as parsed
 from runner.config import CONFIG_GROUPS, TRUST_KEY, ConfigError
-from runner.layout import CONFIG_FILE, saved_overrides
+from runner.layout import CONFIG_FILE, METRICS_FILE, saved_overrides
 
 logger = logging.getLogger("runner")
 
@@ -94,6 +94,8 @@ def resumed_run(
     cfg.resume = str(resume.checkpoint)
     if (change := schedule_change(resume.checkpoint, cfg)) is not None:
         logger.warning("%s.", change)
+    if (branch := branches(resume.checkpoint)) is not None:
+        logger.warning("%s.", branch)
     logger.info("Resuming %s from %s with new overrides %s", resume.run_dir, resume.checkpoint.name, new)
     return cfg, parsed.last_per_key(replayed + new)
 
@@ -277,6 +279,48 @@ def check_extent(checkpoint: Path, cfg: DictConfig, *, path: str) -> None:
             f"resume={path}: {checkpoint.name} is at step {step}, already past trainer.max_steps={max_steps}; "
             "give a larger trainer.max_steps to train further (or resume an earlier checkpoint)."
         )
+    if not cfg.get("evaluate_only") and final_step(checkpoint.parent.parent) == step and _same_length(checkpoint, cfg):
+        raise ConfigError(
+            f"resume={path}: the run is already done: {checkpoint.name} is its final checkpoint (step {step}) and its "
+            "metrics.json is written; give a larger trainer.max_steps (or trainer.max_epochs) to train further, or "
+            f"evaluate it with runner eval {path}."
+        )
+
+
+def _same_length(checkpoint: Path, cfg: DictConfig) -> bool:
+    """Whether ``cfg`` trains as long as the run that saved ``checkpoint`` (its trainer.max_steps and max_epochs)."""
+    saved = OmegaConf.load(checkpoint / CONFIG_FILE)
+    return all(OmegaConf.select(saved, f"trainer.{key}") == cfg.trainer.get(key) for key in ("max_steps", "max_epochs"))
+
+
+def final_step(run_dir: Path) -> int | None:
+    """The step of the run's metrics.json, written once its training ended; None before that."""
+    import json
+
+    try:
+        step = json.loads((run_dir / METRICS_FILE).read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def branches(checkpoint: Path) -> str | None:
+    """A line saying that resuming ``checkpoint`` leaves a newer checkpoint of its run behind, and what becomes of
+    the history after it; None when it is the run's newest intact checkpoint."""
+    from runner.engine.checkpoint import checkpoints_dir, newest_intact_checkpoint, read_manifest
+
+    newest, _ = newest_intact_checkpoint(checkpoints_dir(checkpoint.parent.parent), verify_checksums=False)
+    if newest is None or newest == checkpoint:
+        return None
+    step = read_manifest(checkpoint, verify_checksums=False).get("step")
+    later = read_manifest(newest, verify_checksums=False).get("step")
+    if not isinstance(step, int) or not isinstance(later, int) or later <= step:
+        return None
+    return (
+        f"Resuming {checkpoint.name} (step {step}), older than this run's {newest.name} (step {later}): the run goes "
+        f"on from step {step} as a new branch; TensorBoard hides what was logged after step {step}, and the newer "
+        "checkpoints stay in checkpoints/, numbered before those this resume saves"
+    )
 
 
 def schedule_change(checkpoint: Path, cfg: DictConfig) -> str | None:

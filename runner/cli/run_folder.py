@@ -44,11 +44,11 @@ def check_run_folders(overrides: list[str]) -> None:
     ``checkpoint_N`` would otherwise move the run, and Hydra's writes, to wherever the link points.
     A ``resume=`` folder without ``checkpoints/`` is no run: :func:`runner.cli.resume.find_checkpoint` says so.
     """
-    from runner.engine.constants import CHECKPOINTS_DIR
-
     given = parsed.values(overrides)
     folders = {_as_written(given[key]) for key in FOLDER_KEYS if _is_path(given.get(key))}
     if _is_path(given.get("resume")):
+        from runner.engine.constants import CHECKPOINTS_DIR  # imports torch: a resume needs it anyway
+
         run = resumed_run_folder(given["resume"])
         # A folder that is not a run (no checkpoints/ of its own) is refused as such by the resume itself.
         if (run / CHECKPOINTS_DIR).is_dir() or (run / CHECKPOINTS_DIR).is_symlink():

@@ -13,6 +13,7 @@ import functools
 import importlib.util
 import warnings
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from types import MethodType
 from typing import Any
 
@@ -110,6 +111,52 @@ def _warn_fp16_on_cpu() -> None:
     warnings.warn(FP16_ON_CPU_WARNING, Fp16OnCpuWarning, stacklevel=5)
 
 
+class Bf16OnCpuWarning(UserWarning):
+    """Warns that ``mixed_precision='bf16'`` runs on a CPU without bf16 instructions, where it is slower than fp32."""
+
+
+BF16_ON_CPU_WARNING = (
+    "mixed_precision='bf16' on a CPU without bf16 instructions (its flags have neither avx512_bf16 nor amx_bf16) "
+    "emulates bf16 and runs several times slower than fp32 (4x for the GPT preset on an AVX2 CPU); use "
+    "mixed_precision='no' on this CPU, or bf16 on a GPU or a CPU that has them."
+)
+# The CPU flags that mean native bf16 arithmetic: x86's AVX512-BF16 and AMX, Arm's BF16 (FEAT_BF16).
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU has bf16 instructions, from the flags of ``/proc/cpuinfo`` (or ``cpuinfo``, its text);
+    None where there is no such file to read (macOS, Windows: nothing is claimed).
+
+    Example:
+        >>> cpu_has_bf16("flags : fpu avx2 fma")
+        False
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    flags = set()
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip().lower() in ("flags", "features"):  # x86, Arm
+            flags.update(value.split())
+    return bool(flags & BF16_CPU_FLAGS) if flags else None
+
+
+def warn_if_bf16_is_emulated(mode: PrecisionType, device: torch.device) -> None:
+    """Warn, once per process, when bf16 autocast is to run on a CPU without bf16 instructions (it works, slowly)."""
+    if mode is PrecisionType.BF16 and device.type == "cpu" and cpu_has_bf16() is False:
+        _warn_bf16_on_cpu()
+
+
+@functools.cache
+def _warn_bf16_on_cpu() -> None:
+    # Frames above: warn_if_bf16_is_emulated, Precision.__init__, Accelerator.__init__, then its caller's line.
+    warnings.warn(BF16_ON_CPU_WARNING, Bf16OnCpuWarning, stacklevel=5)
+
+
 def _to_fp32(output: Any) -> Any:
     if isinstance(output, torch.Tensor):
         return output.float() if output.dtype in (torch.float16, torch.bfloat16) else output
@@ -136,6 +183,7 @@ class Precision:
         if mode is PrecisionType.FP8:
             check_fp8_support(device)
         warn_if_fp16_on_cpu(mode, device)
+        warn_if_bf16_is_emulated(mode, device)
         self.mode = mode
         self.device_type = device.type
         self.dtype = _AUTOCAST_DTYPES.get(mode)

@@ -138,7 +138,9 @@ def read_scalars(logs: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar in the TensorBoard event files under ``logs``: tag -> [(step, value)] by step.
 
     A resumed run logs the steps between its checkpoint and the interruption again, with the same
-    values (resume is exact): the last value read for a step wins.
+    values (resume is exact): the last value read for a step wins. A resume from an earlier checkpoint
+    purges what was logged after it, as TensorBoard does: its writer's session start at step N drops
+    every value read so far at step N or later.
     """
     files = sorted(logs.rglob("events.out.tfevents.*")) if logs.is_dir() else []
     if not files:
@@ -149,6 +151,10 @@ def read_scalars(logs: Path) -> dict[str, list[tuple[int, float]]]:
     for path in sorted(files, key=lambda p: p.stat().st_mtime):
         try:
             for event in LegacyEventFileLoader(str(path)).Load():
+                if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+                    for points in scalars.values():
+                        for step in [step for step in points if step >= event.step]:
+                            del points[step]
                 for value in event.summary.value:
                     if value.WhichOneof("value") == "simple_value":
                         scalars.setdefault(value.tag, {})[event.step] = float(value.simple_value)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from runner.startup import STARTUP_ENV
 from tests.preloaded import run_module
 from tests.shared_data import MNIST
 
@@ -26,6 +27,7 @@ def run_cli(
     ``module=False`` runs ``python *args`` in a fresh interpreter instead, for what a fresh start must show.
     """
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
+    env.pop(STARTUP_ENV, None)  # a command's start-up record is its own, as from a shell (tests stamp in-process)
     if module:
         return run_module("runner", *args, cwd=cwd, env=env, timeout=timeout)
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -58,6 +60,7 @@ def run_cli_refusals(
     stderr. A command that starts a run would run it here, so give only ones that must be refused.
     """
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
+    env.pop(STARTUP_ENV, None)  # a command's start-up record is its own, as from a shell (tests stamp in-process)
     command = [sys.executable, "-c", _CLI_DRIVER, json.dumps(commands)]
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])

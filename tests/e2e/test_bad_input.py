@@ -74,6 +74,9 @@ def test_each_bad_input_gets_one_sentence_and_its_exit_code_and_changes_nothing(
         ([*common, "parallel=ddp", "trainer.num_nodes=2", f"trainer.rdzv_endpoint=127.0.0.1:{port}",
           f"project.project_dir={tmp_path / 'shared'}"], 2, f"trainer.rdzv_endpoint=127.0.0.1:{port}: port {port} "
          "is already in use on this machine"),
+        ([f"resume={run}"], 2, f"resume={run}: the run is already done: checkpoint_1 is its final checkpoint (step 4) "
+         f"and its metrics.json is written; give a larger trainer.max_steps (or trainer.max_epochs) to train further, "
+         f"or evaluate it with runner eval {run}."),
         ([f"resume={run}", "trainer.max_steps=3"], 2, f"resume={run}: checkpoint_1 is at step 4, already past "
          "trainer.max_steps=3; give a larger trainer.max_steps to train further"),
         ([f"resume={run / 'run.log'}"], 2, f"resume={run / 'run.log'} is a file, not a folder; pass a run folder"),

@@ -9,6 +9,7 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 from torch.utils.data import DataLoader
 
 from runner.cli.export import main as export
@@ -139,7 +140,14 @@ def test_resumed_language_model_matches_an_uninterrupted_run_bit_for_bit(tmp_pat
     assert run_cli(*common, "trainer.max_steps=6", f"hydra.run.dir={cut}", cwd=tmp_path).returncode == 0
     resumed = run_cli(f"resume={cut}/checkpoints/checkpoint_0", "trainer.max_steps=12", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "Resumed at step 4" in (cut / "run.log").read_text()
+    log = (cut / "run.log").read_text()
+    assert "Resumed at step 4" in log
+    # checkpoint_1 (step 6) is left behind: the run says so, and TensorBoard is told to hide steps 5 and after.
+    assert "Resuming checkpoint_0 (step 4), older than this run's checkpoint_1 (step 6): the run goes on from step 4 " \
+           "as a new branch" in log  # fmt: skip
+    starts = [(event.step, path) for path in sorted((cut / "logs").rglob("events.out.tfevents.*"))
+              for event in LegacyEventFileLoader(str(path)).Load() if event.HasField("session_log")]  # fmt: skip
+    assert [step for step, _ in starts] == [5]
 
     assert metrics(cut) == metrics(full)  # eval loss, perplexity and the logged train loss
     expected, got = load_file(full / "model" / "model.safetensors"), load_file(cut / "model" / "model.safetensors")

@@ -60,7 +60,7 @@ def test_default_experiment_on_one_process(tmp_path):
     assert all(torch.equal(fresh.state_dict()[k], saved[k]) for k in saved)
     # Its closing lines, its picture, its times.
     closing = [line.split("[INFO] - ", 1)[1] for line in result.stdout.splitlines()[-4:]]
-    finished = r"Finished in [\d.]+ s: eval/accuracy [\d.]+ \| eval/loss [\d.]+ \| step 20 \| train/loss [\d.]+\."
+    finished = r"Finished at step 20 in [\d.]+ s: eval/accuracy=[\d.]+, eval/loss=[\d.]+, train/loss=[\d.]+\."
     assert re.fullmatch(finished, closing[0]), closing
     assert closing[1:] == [
         f"Run folder: {run}; newest checkpoint: checkpoint_0 (step 20).",

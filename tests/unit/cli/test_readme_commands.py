@@ -67,7 +67,7 @@ def test_the_readme_holds_the_commands_this_test_reads():
 
 
 @pytest.mark.parametrize(("command", "refusal"), COMMANDS)
-def test_each_readme_command_composes_and_passes_the_checks(command, refusal, tmp_path, monkeypatch):
+def test_each_readme_command_composes_and_passes_the_checks(command, refusal, tmp_path, monkeypatch, request):
     arguments = runner_arguments(command)
     if arguments and arguments[0] in VERBS:
         return  # a command of its own: its end-to-end test runs it (tests/e2e, tests/unit/cli)
@@ -79,8 +79,8 @@ def test_each_readme_command_composes_and_passes_the_checks(command, refusal, tm
             (tmp_path / path).write_text(text)
         monkeypatch.chdir(tmp_path)
         monkeypatch.syspath_prepend(str(tmp_path))  # as the runner imports a project from its working directory
-        for name in [name for name in sys.modules if name.split(".")[0] == "mylab"]:
-            monkeypatch.delitem(sys.modules, name)  # this project's, whatever another test imported
+        request.addfinalizer(_forget_mylab)  # this project's modules, for no other test to import by mistake
+        _forget_mylab()
     if "--config-dir" in arguments:
         config_dir = str(tmp_path / arguments[arguments.index("--config-dir") + 1])
     flags = {"-m", "--multirun", "--help", "--cfg", "job", "--config-dir", "./conf"}
@@ -98,6 +98,11 @@ def test_each_readme_command_composes_and_passes_the_checks(command, refusal, tm
         cfg = compose(CONFIG_NAME, overrides=[*first, *search_path_overrides([], config_dir=config_dir)],
                       return_hydra_config=True)  # fmt: skip
     assert cfg.hydra.job.name
+
+
+def _forget_mylab() -> None:
+    for name in [name for name in sys.modules if name.split(".")[0] == "mylab"]:
+        del sys.modules[name]
 
 
 def test_the_config_groups_table_lists_what_runner_help_lists():

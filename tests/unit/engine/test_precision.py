@@ -184,3 +184,38 @@ def test_fp16_on_an_accelerator_device_does_not_warn(fp16_on_cpu_not_yet_warned,
     assert _fp16_on_cpu_warnings(lambda: warn_if_fp16_on_cpu(PrecisionType.FP16, torch.device(device))) == []
     caught = _fp16_on_cpu_warnings(lambda: warn_if_fp16_on_cpu(PrecisionType.FP16, torch.device("cpu")))
     assert len(caught) == 1  # the same helper, on the CPU
+
+
+# /proc/cpuinfo's flags lines: an AVX2 CPU without bf16 (the machine of the 4x slower GPT run), this kind of AVX-512
+# server with avx512_bf16, a Sapphire Rapids with AMX, an Arm server with BF16.
+AVX2 = "processor : 0\nflags : fpu vme sse sse2 avx avx2 fma f16c bmi2\n"
+AVX512_BF16 = "processor : 0\nflags : fpu avx2 avx512f avx512bw avx512_vnni avx512_bf16\n"
+AMX = "processor : 0\nflags : fpu avx2 avx512f amx_bf16 amx_tile amx_int8\n"
+ARM = "processor : 0\nFeatures : fp asimd evtstrm aes sha2 crc32 atomics fphp asimdhp bf16 i8mm\n"
+
+
+@pytest.mark.parametrize(("cpuinfo", "has"), [(AVX2, False), (AVX512_BF16, True), (AMX, True), (ARM, True), ("", None)])
+def test_bf16_instructions_are_read_from_the_cpus_flags(cpuinfo, has):
+    assert precision.cpu_has_bf16(cpuinfo) is has
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_warns_once_per_process(monkeypatch):
+    precision._warn_bf16_on_cpu.cache_clear()
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)  # the AVX2 CPU above; this machine may have them
+
+    def build_two():
+        Accelerator(mixed_precision="bf16", cpu=True)
+        Accelerator(mixed_precision="bf16", cpu=True)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build_two()
+    found = [w for w in caught if issubclass(w.category, precision.Bf16OnCpuWarning)]
+    assert [str(w.message) for w in found] == [precision.BF16_ON_CPU_WARNING] and found[0].filename == __file__
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
+    precision._warn_bf16_on_cpu.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Accelerator(mixed_precision="bf16", cpu=True)
+    assert not [w for w in caught if issubclass(w.category, precision.Bf16OnCpuWarning)]
+    precision._warn_bf16_on_cpu.cache_clear()

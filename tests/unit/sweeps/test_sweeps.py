@@ -99,6 +99,20 @@ def test_read_scalars_keeps_the_last_value_logged_for_a_step(tmp_path):
     assert report.read_scalars(tmp_path / "nothing") == {}
 
 
+def test_read_scalars_drops_what_a_resume_from_an_earlier_step_purged(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    # A run logged to step 6; a resume from its checkpoint at step 3 purges the steps after it, as TensorBoard does.
+    for purge, values in ((None, [(2, 3.0), (4, 2.0), (6, 1.0)]), (4, [(4, 2.5), (5, 2.25)])):
+        writer = SummaryWriter(str(tmp_path / "logs"), purge_step=purge)
+        for step, value in values:
+            writer.add_scalar("train/loss", value, step)
+            writer.add_scalar("eval/loss", value + 1, step)
+        writer.close()
+    logged = report.read_scalars(tmp_path / "logs")
+    assert logged == {"train/loss": [(2, 3.0), (4, 2.5), (5, 2.25)], "eval/loss": [(2, 4.0), (4, 3.5), (5, 3.25)]}
+
+
 @pytest.mark.parametrize(
     ("override", "extra"),
     [("hydra/launcher=joblib", "joblib"), ("hydra/launcher=slurm", "slurm"), ("hparams_search=mnist_optuna", "optuna")],

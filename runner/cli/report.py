@@ -102,13 +102,14 @@ def newest_checkpoint(run_dir: Path) -> str:
 def finished(run_dir: Path, *, seconds: float | None, curves: Path | None) -> list[str]:
     """The closing lines of a run that finished: its folder, time, final metrics, checkpoint, and what to run next."""
     metrics = final_metrics(run_dir)
-    shown = " | ".join(
-        f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+    shown = ", ".join(
+        f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
         for key, value in sorted(metrics.items())
-        if key not in (*TIMES, "epoch")
+        if key not in (*TIMES, "step", "epoch")
     )
     took = "" if seconds is None else f" in {duration(seconds)}"
-    lines = [f"Finished{took}: {shown or 'no metrics were written'}."]
+    at = f" at step {metrics['step']}" if "step" in metrics else ""
+    lines = [f"Finished{at}{took}: {shown or 'no metrics were written'}."]
     lines.append(f"Run folder: {run_dir}; newest checkpoint: {newest_checkpoint(run_dir)}.")
     if curves is not None:
         lines.append(f"Curves: {curves} (runner report {run_dir} redraws them).")
