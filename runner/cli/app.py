@@ -150,8 +150,10 @@ def _close(project_dir: Path) -> None:
 
 
 def _close_failed(project_dir: Path, message: str, traceback: str | None) -> None:
-    """The closing lines of a run that failed: its error and the failed rank's traceback into run.log (the console
-    shows them above, and the error again as the last line), then where it is and how to continue it."""
+    """The closing lines of a run that failed: the failed rank's traceback (on the console, and in run.log with its
+    error), then where the run is and how to continue it; the error itself is the command's last line."""
+    if traceback:
+        print(traceback, file=sys.stderr, flush=True)
     _to_run_log(logging.ERROR, f"Failed: {message}" + (f"\n{traceback}" if traceback else ""))
     for line in report.ended_early(project_dir, "The run failed", seconds=elapsed()):
         logger.info(line)

@@ -100,7 +100,7 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
     forkserver.start()
     watch = NodeWatch(trainer, config["project"]["project_dir"]) if num_nodes > 1 else None
     try:
-        with watch or contextlib.nullcontext():
+        with watch or contextlib.nullcontext(), _quiet_failure_logs():
             try:
                 results = elastic_run(
                     run_worker_process,
@@ -139,6 +139,25 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
         for number, handler in previous.items():
             signal.signal(number, handler)
     return results.get(0)
+
+
+# torch's loggers that print a failed worker's traceback (the first to fail, often a peer that failed on the broken
+# connection) and the teardown of the others, line by line: the run says which rank caused it and prints that rank's
+# traceback itself (runner.cli.app), and keeps it in run.log.
+_FAILURE_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn")
+
+
+@contextlib.contextmanager
+def _quiet_failure_logs():
+    loggers = [logging.getLogger(name) for name in _FAILURE_LOGGERS]
+    levels = [each.level for each in loggers]
+    for each in loggers:
+        each.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for each, level in zip(loggers, levels, strict=True):
+            each.setLevel(level)
 
 
 # A rank's error that says another node stopped answering: a collective's timeout, a connection the peer or the

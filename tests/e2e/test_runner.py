@@ -243,6 +243,9 @@ def test_a_failing_worker_fails_the_run_with_its_error(tmp_path):
     assert "[runner][ERROR] - Failed: Worker rank 1 failed: RuntimeError: the GPU caught fire\nTraceback" in log
     assert "flaky_recipe.py\", line 3, in train\n    raise RuntimeError('the GPU caught fire')" in log
     assert f"- Run folder: {tmp_path / 'run'}; newest checkpoint: no complete checkpoint." in result.stdout
+    # The console shows the failed rank's own traceback, not torch's log of whichever rank its agent saw first.
+    assert "flaky_recipe.py\", line 3, in train\n    raise RuntimeError('the GPU caught fire')" in result.stderr
+    assert "elastic/multiprocessing/api.py" not in result.stderr
 
 
 def test_user_mistakes_found_before_launch_exit_2_without_a_traceback(tmp_path):
