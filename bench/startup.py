@@ -7,7 +7,8 @@
   per command (target < 0.5 s), and whether torch was imported (it must not be: `-X importtime`).
 - `import runner.engine` vs `import torch`, each in a fresh interpreter, interleaved (target <= 1.1x).
 - `python -m runner` and `experiment=mnist_ddp` (1 step, small MNIST slices) from the command to the
-  first optimizer step, split into the phases the runner stamps (see runner/startup.py).
+  first optimizer step, split into the phases the runner stamps (see runner/startup.py), and from the
+  command to its first line (the run folder), against `python -c "import torch; print()"` to its line.
 - The other end: seconds from the command's last line of output to its exit (its work after its last log line,
   then the interpreter's end), against a plain script that imports what a run imports (torch, torch._dynamo,
   torchmetrics), prints a line and ends.
@@ -38,17 +39,21 @@ def python(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Complet
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-def timed_lines(*args: str, cwd: Path, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
-    """``python ARGS`` run to its end (stdout and stderr as one), and the seconds from its last line to its exit."""
+def timed_lines(*args: str, cwd: Path, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float, float]:
+    """``python ARGS`` run to its end (stdout and stderr as one), the seconds from its last line to its exit, and
+    the seconds from its start to its first line."""
+    started = time.perf_counter()
     process = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    lines, last = [], time.perf_counter()
+    lines, last, first = [], time.perf_counter(), None
     for line in process.stdout:
         lines.append(line)
         last = time.perf_counter()
+        first = last - started if first is None else first
     process.wait(timeout=600)
     ended = time.perf_counter()
-    return subprocess.CompletedProcess(process.args, process.returncode, "".join(lines), ""), ended - last
+    result = subprocess.CompletedProcess(process.args, process.returncode, "".join(lines), "")
+    return result, ended - last, first if first is not None else ended - started
 
 
 def imports_torch(*args: str, cwd: Path) -> bool:
@@ -63,11 +68,11 @@ def first_step(overrides: list[str], data: str, cwd: Path) -> dict[str, float]:
     env = {**os.environ, "RUNNER_STARTUP": f"spawned={time.time():.6f}"}
     args = ["-m", "runner", *overrides, f"data.root={data}", 'data.train_split="test[:1024]"',
             'data.eval_split="test[1024:1280]"', "trainer.max_steps=1", "trainer.progress_bar=false"]  # fmt: skip
-    result, after_last_line = timed_lines(*args, cwd=cwd, env=env)
+    result, after_last_line, first_line = timed_lines(*args, cwd=cwd, env=env)
     match = STARTUP_LINE.search(result.stdout)
     if result.returncode != 0 or match is None:
         raise RuntimeError(f"python -m runner {' '.join(overrides)} failed:\n{result.stdout[-3000:]}")
-    phases = {"total": float(match.group(1)), "exit": after_last_line}
+    phases = {"total": float(match.group(1)), "exit": after_last_line, "first line": first_line}
     for part in match.group(2).split(", "):
         name, seconds, _ = part.rsplit(" ", 2)
         phases[name] = float(seconds)
@@ -98,12 +103,18 @@ def main() -> None:
         report.ratio("import runner.engine / import torch", quick["import runner.engine"] / quick["import torch"],
                      "<= 1.1x")  # fmt: skip
         plain = statistics.median(timed_lines("-c", PLAIN_SCRIPT, cwd=cwd)[1] for _ in range(runs))
+        torch_seconds = statistics.median(timed_lines("-c", "import torch; print('done')", cwd=cwd)[2]
+                                          for _ in range(runs))  # fmt: skip
+        report.value("python -c 'import torch; print()': its line (s)", torch_seconds, "s")
         report.value("plain script with a run's imports: last line to exit (s)", plain, "s")
         for label, overrides in {"python -m runner": [], "experiment=mnist_ddp": ["experiment=mnist_ddp"]}.items():
             samples = [first_step(overrides, args.data, cwd) for _ in range(runs)]
             medians = {phase: statistics.median(s[phase] for s in samples) for phase in samples[0]}
             report.value(f"{label}: to first step (s)", medians.pop("total"), "s")
-            exit_seconds = medians.pop("exit")
+            exit_seconds, first_line = medians.pop("exit"), medians.pop("first line")
+            # The run's first line (its folder) comes before the config's targets are imported: within 3 s here.
+            report.value(f"{label}: to its first line (s)", first_line, "s")
+            report.ratio(f"{label}: first line / import torch's line", first_line / torch_seconds)
             for phase, seconds in medians.items():
                 report.value(f"  {phase}", seconds, "s")
             report.value(f"{label}: last line to exit (s)", exit_seconds, "s")

@@ -66,6 +66,9 @@ def test_every_benchmark_runs_and_reports_its_ratios(tmp_path, name):
         assert {label for label in report["ratios"] if "last line to exit" in label} == {
             f"{command}: last line to exit / plain script's" for command in ("python -m runner", "experiment=mnist_ddp")
         }  # a run's end, beside a plain script's that imports as much
+        assert {label for label in report["ratios"] if "first line" in label} == {
+            f"{command}: first line / import torch's line" for command in ("python -m runner", "experiment=mnist_ddp")
+        }  # a run's first line, beside a script's that imports torch and prints
 
 
 def test_paired_ratio_cancels_the_machines_drift(monkeypatch):

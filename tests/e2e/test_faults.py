@@ -1,6 +1,7 @@
 """Faults injected into real runs: stop signals (preemption), and what resuming after them gives."""
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -65,6 +66,9 @@ def _preempt_and_resume(tmp_path, common, stop, full=None, stopped_by="SIG"):
     assert message.startswith(f"runner: stopped by {stopped_by}") and message.endswith(
         f"is saved; continue with `python -m runner resume={cut}` (exit code 75)."
     )
+    # The run's log ends with the same account: how long it ran, what stopped it, what is saved, how to go on.
+    ending = r"\]\[WARNING\] - Stopped after [^:]+: " + re.escape(message.removeprefix("runner: ")) + r"\n$"
+    assert re.search(ending, (cut / "run.log").read_text()), (cut / "run.log").read_text()[-2000:]
     records = describe(cut)
     assert records and all(record["status"] == "intact" for record in records)  # nothing half-written counts
     assert not (cut / "metrics.json").exists()
