@@ -19,7 +19,7 @@ from runner import overrides as parsed
 from runner.cli import resume as resumes
 from runner.cli import single_run
 from runner.cli.check import check_overrides, check_plugins
-from runner.cli.run_folder import check_run_folders
+from runner.cli.run_folder import check_run_folders, claim_default_run_folder, release_run_folder
 from runner.cli.search_path import search_path_entries
 from runner.cli.single_run import ComposedRun
 from runner.config import CONFIG_NAME, ConfigError
@@ -97,10 +97,17 @@ def read(args: argparse.Namespace, argv: list[str], environment: LaunchEnvironme
         # A single run that starts workers here starts the process they fork from while the targets are checked.
         workers = None if command.multirun or environment.inside_launched_group else prepare_workers
         folder = _with_run_folder(dataclasses.replace(command, overrides=tuple(overrides)), environment).run_folder
+        claims = folder is None and _claims_default_folder(command, overrides, environment)
+        claimed: list[Path] = []
+        parents: list[Path] = []  # those the claim made
 
         def before_targets(cfg) -> None:
-            if folder is not None:  # importing the targets (torch, torchmetrics, ...) takes seconds: say where first
-                announce_run_folder(folder)
+            # Importing the targets (torch, torchmetrics, ...) takes seconds: the run says where it goes first. Hydra's
+            # default folder is claimed for it now (removed again if the checks refuse the command).
+            if claims and (default := claim_default_run_folder(args, created=parents)) is not None:
+                claimed.append(default)
+            if (folder or next(iter(claimed), None)) is not None:
+                announce_run_folder(folder or claimed[0])
             if workers is not None:
                 workers(cfg)
 
@@ -108,8 +115,15 @@ def read(args: argparse.Namespace, argv: list[str], environment: LaunchEnvironme
             cfg = check_overrides(overrides, config_name=command.config_name, config_dir=command.config_dir,
                                   targets=not args.cfg, before_targets=before_targets, refused=refused,
                                   composed=None if composed is None else composed.task_config())  # fmt: skip
-        except ConfigError as error:
-            raise error if command.resume is None else resumes.with_started_config_dirs(error, command) from None
+        except BaseException as error:
+            for default in claimed:
+                release_run_folder(default, parents)  # nothing was written, not even the folder
+            if isinstance(error, ConfigError) and command.resume is not None:
+                raise resumes.with_started_config_dirs(error, command) from None
+            raise
+        if claimed:
+            overrides.append(f"hydra.run.dir={hydra_value(str(claimed[0]))}")
+            composed = None  # Hydra composes the overrides with the folder claimed
         checked = not args.cfg
         if command.resume is not None:
             resumes.check_extent(command.resume.checkpoint, cfg, path=command.resume.path)
@@ -142,6 +156,21 @@ def _torchrun_run_dir(environment: LaunchEnvironment) -> list[str]:
     from runner.cli.torchrun import agreed_run_dir
 
     return agreed_run_dir(environment)
+
+
+def _claims_default_folder(command: CommandLine, overrides: list[str], environment: LaunchEnvironment) -> bool:
+    """Whether this command's single run is to get Hydra's default folder, claimed here (not a resume, torchrun or a
+    Slurm task, which name theirs; not another rank's or node's process)."""
+    if (
+        command.resume is not None
+        or command.multirun
+        or not command.starts_run
+        or parsed.sets(overrides, "hydra.run.dir")
+    ):
+        return False
+    if environment.under_torchrun or slurm.under_srun() or environment.global_rank != 0:
+        return False
+    return parsed.value(overrides, "trainer.node_rank") in (None, "0")
 
 
 def announce_run_folder(folder: Path) -> None:

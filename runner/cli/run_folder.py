@@ -62,7 +62,7 @@ def _is_path(value: str | None) -> bool:
     return value not in (None, "", "null") and "${" not in value
 
 
-def claim_default_run_folder(args) -> Path | None:
+def claim_default_run_folder(args, *, created: list[Path] | None = None) -> Path | None:
     """Create this run's folder when Hydra would name it from ``conf/config.yaml``'s ``hydra.run.dir``; else None.
 
     ``args`` is Hydra's parsed command line. Only a single run that starts a job and whose command line
@@ -85,7 +85,17 @@ def claim_default_run_folder(args) -> Path | None:
     own_configs = args.config_dir or args.config_name or parsed.sets(given, "hydra.searchpath")
     if own_configs and _composed_pattern(args) != default:
         return None
-    return claim_run_folder(default)
+    return claim_run_folder(default, created=created)
+
+
+def release_run_folder(folder: Path, created: list[Path]) -> None:
+    """Remove ``folder``, claimed by this command and left unused (the checks refused the command), and the parents
+    the claim ``created``, where each is still empty."""
+    for each in [folder, *created]:  # deepest first
+        try:
+            each.rmdir()
+        except OSError:  # something was written there meanwhile: it stays, and so do its parents
+            return
 
 
 def default_run_dir_pattern(conf_dir: Path) -> str:
@@ -113,9 +123,10 @@ def _composed_pattern(args) -> str | None:
     return OmegaConf.to_container(cfg.hydra.run)["dir"]
 
 
-def claim_run_folder(pattern: str, *, now: datetime | None = None) -> Path | None:
+def claim_run_folder(pattern: str, *, now: datetime | None = None, created: list[Path] | None = None) -> Path | None:
     """Create the folder ``pattern`` names at ``now`` (``${now:FORMAT}`` filled in as Hydra does), or the first
     free ``<name>-1``, ``<name>-2``, ...; None if ``pattern`` holds interpolations other than ``${now:...}``.
+    ``created`` gets the parent folders made for it, deepest first (for :func:`release_run_folder`).
 
     Raises:
         ConfigError: The folder cannot be created.
@@ -124,10 +135,13 @@ def claim_run_folder(pattern: str, *, now: datetime | None = None) -> Path | Non
     first = Path(_NOW.sub(lambda match: moment.strftime(match.group(1)), pattern))
     if "${" in str(first):
         return None
+    missing = [parent for parent in first.absolute().parents if not parent.exists()]
     for suffix in count():
         folder = first if suffix == 0 else first.with_name(f"{first.name}-{suffix}")
         try:
             os.makedirs(folder.parent, exist_ok=True)
+            if created is not None and suffix == 0:
+                created.extend(parent for parent in missing if parent.is_dir())
             folder.mkdir()  # fails if another run took the name first: the claim is atomic
         except FileExistsError as error:
             if error.filename == str(folder):

@@ -6,7 +6,13 @@ import pytest
 from omegaconf import OmegaConf
 
 from runner.cli.command_line import parse_arguments
-from runner.cli.run_folder import check_run_folders, claim_default_run_folder, claim_run_folder, default_run_dir_pattern
+from runner.cli.run_folder import (
+    check_run_folders,
+    claim_default_run_folder,
+    claim_run_folder,
+    default_run_dir_pattern,
+    release_run_folder,
+)
 from runner.config import CONF_DIR, ConfigError, register_configs
 from runner.layout import check_no_links
 
@@ -31,6 +37,20 @@ def test_runs_started_in_the_same_second_claim_folders_of_their_own(tmp_path, mo
         "outputs/2026-11-29/10-00-00-2",
     ]
     assert all(folder.is_dir() and not any(folder.iterdir()) for folder in claimed)
+
+
+def test_a_claim_the_checks_refused_is_released_with_the_parents_it_made(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    created = []
+    folder = claim_run_folder(PATTERN, now=TEN, created=created)
+    assert [path.relative_to(tmp_path) for path in created] == [Path("outputs/2026-11-29"), Path("outputs")]
+    release_run_folder(folder, created)
+    assert list(tmp_path.iterdir()) == []  # as if the command had never run
+    (tmp_path / "outputs" / "mine.txt").parent.mkdir()
+    (tmp_path / "outputs" / "mine.txt").write_text("kept")
+    created = []
+    release_run_folder(claim_run_folder(PATTERN, now=TEN, created=created), created)
+    assert [p.name for p in (tmp_path / "outputs").iterdir()] == ["mine.txt"]  # a folder it did not make stays
 
 
 def test_claims_made_at_the_same_moment_never_share_a_folder(tmp_path, monkeypatch):
