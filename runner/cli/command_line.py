@@ -106,8 +106,8 @@ def read(args: argparse.Namespace, argv: list[str], environment: LaunchEnvironme
             # default folder is claimed for it now (removed again if the checks refuse the command).
             if claims and (default := claim_default_run_folder(args, created=parents)) is not None:
                 claimed.append(default)
-            if (folder or next(iter(claimed), None)) is not None:
-                announce_run_folder(folder or claimed[0])
+            if (shown := folder or (claimed[0] if claimed else None)) is not None:
+                announce_run_folder(shown)
             if workers is not None:
                 workers(cfg)
 

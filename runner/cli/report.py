@@ -87,14 +87,14 @@ def final_metrics(run_dir: Path) -> dict:
 def newest_checkpoint(run_dir: Path) -> str:
     """``checkpoint_N (step S)`` for the run's newest intact checkpoint (sizes checked, not hashes), or a phrase
     saying there is none."""
-    from runner.engine.checkpoint import checkpoints_dir, newest_intact_checkpoint, read_manifest
+    from runner.engine.checkpoint import CheckpointError, checkpoints_dir, newest_intact_checkpoint, read_manifest
 
     newest, _ = newest_intact_checkpoint(checkpoints_dir(str(run_dir)), verify_checksums=False)
     if newest is None:
         return "no complete checkpoint"
     try:
         step = read_manifest(newest, verify_checksums=False).get("step")
-    except Exception:  # damaged since: the name is still the truth about the folder
+    except CheckpointError:  # damaged since: the name is still the truth about the folder
         step = None
     return newest.name if step is None else f"{newest.name} (step {step})"
 
@@ -121,8 +121,8 @@ def finished(run_dir: Path, *, seconds: float | None, curves: Path | None) -> li
 
 
 def ended_early(run_dir: Path, what: str, *, seconds: float | None) -> list[str]:
-    """The closing lines of a run that failed or was stopped: what happened, its last intact checkpoint, and the
-    command that continues it."""
+    """The closing lines of a run that ended before its last step (``what`` happened): how long it ran, its newest
+    intact checkpoint, and the command that continues it."""
     took = "" if seconds is None else f" after {duration(seconds)}"
     checkpoint = newest_checkpoint(run_dir)
     lines = [f"{what}{took}.", f"Run folder: {run_dir}; newest checkpoint: {checkpoint}."]
