@@ -85,6 +85,8 @@ def test_a_2x2_grid_writes_one_summary_row_per_job_with_its_overrides(tmp_path):
     assert report.returncode == 0, report.stderr
     assert {name: (sweep / name).read_text() for name in written} == written
     assert report.stdout == written["summary.md"]
+    again = run_module("runner", "report", str(sweep), cwd=os.getcwd(), env=dict(os.environ))  # runner report
+    assert again.returncode == 0 and again.stdout == written["summary.md"], again.stderr
 
 
 def test_a_killed_sweep_rerun_runs_only_the_rest_and_leaves_finished_jobs_untouched(tmp_path):
