@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import overrides as parsed
 from runner.config import CONFIG_GROUPS, TRUST_KEY, ConfigError
-from runner.layout import CONFIG_FILE, METRICS_FILE, saved_overrides
+from runner.layout import CONFIG_FILE, saved_overrides
 
 logger = logging.getLogger("runner")
 
@@ -295,12 +295,9 @@ def _same_length(checkpoint: Path, cfg: DictConfig) -> bool:
 
 def final_step(run_dir: Path) -> int | None:
     """The step of the run's metrics.json, written once its training ended; None before that."""
-    import json
+    from runner.cli.report import final_metrics
 
-    try:
-        step = json.loads((run_dir / METRICS_FILE).read_text()).get("step")
-    except (OSError, ValueError, AttributeError):
-        return None
+    step = final_metrics(run_dir).get("step")
     return step if isinstance(step, int) else None
 
 

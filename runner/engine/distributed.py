@@ -9,6 +9,7 @@ process group itself.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import enum
 import json
 import os
@@ -278,11 +279,8 @@ def record_uncaught_errors() -> None:
                     },
                 }
             }
-            try:
-                with open(error_file, "w") as file:
-                    json.dump(record, file)
-            except OSError:
-                pass  # the launcher then reports the exit code alone
+            with contextlib.suppress(OSError), open(error_file, "w") as file:  # else the exit code is all it says
+                json.dump(record, file)
         previous(kind, error, trace)
 
     hook._records_to = error_file
