@@ -53,13 +53,16 @@ from runner.engine.precision import (
     remove_autocast,
 )
 from runner.engine.processes import ProcessVerbs
+from runner.engine.profiling import ProfileKwargs, export_trace
 from runner.engine.rng import synchronize_rng_states
 from runner.engine.tracking import GeneralTracker
 from runner.engine.tracking.thread import TrackerThread
 from runner.engine.tracking.verbs import TrackingVerbs
 
 _SCHEDULER_TYPES = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-_KWARGS_HANDLERS = (DistributedDataParallelKwargs, GradScalerKwargs, AutocastKwargs, distributed.InitProcessGroupKwargs)
+_KWARGS_HANDLERS = (
+    DistributedDataParallelKwargs, GradScalerKwargs, AutocastKwargs, distributed.InitProcessGroupKwargs, ProfileKwargs
+)  # fmt: skip
 _PARAMETER_DTYPES = {PrecisionType.BF16: torch.bfloat16, PrecisionType.FP16: torch.float16}  # FSDP2's param_dtype
 
 
@@ -70,7 +73,7 @@ def _sort_kwargs_handlers(handlers: list | None) -> dict[type, Any]:
         if kind is None:
             raise ValueError(
                 f"kwargs_handlers got {type(handler).__name__}; pass DistributedDataParallelKwargs, "
-                "GradScalerKwargs, AutocastKwargs or InitProcessGroupKwargs."
+                "GradScalerKwargs, AutocastKwargs, InitProcessGroupKwargs or ProfileKwargs."
             )
         if kind in found:
             raise ValueError(f"kwargs_handlers holds two {kind.__name__}; pass one.")
@@ -96,7 +99,8 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
         rng_types: Generators made identical on all ranks at the start of every epoch (rank 0's
             state wins): any of ``"torch"``, ``"cuda"``, ``"python"``, ``"numpy"``, ``"generator"``.
         kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``, ``AutocastKwargs``,
-            ``InitProcessGroupKwargs`` (the process group's backend, init method and collective timeout).
+            ``InitProcessGroupKwargs`` (the process group's backend, init method and collective timeout),
+            ``ProfileKwargs`` (what ``profile()`` records when called without one).
         gradient_accumulation_plugin: Accumulation settings; overrides ``gradient_accumulation_steps``.
         fsdp_plugin: Shard models with FSDP2 (see :class:`FullyShardedDataParallelPlugin`) instead of DDP.
         parallelism_config: Lay the processes out on an N-D mesh (see :class:`ParallelismConfig`): tensor
@@ -147,6 +151,7 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
         self.device_placement, self.step_scheduler_with_optimizer = device_placement, step_scheduler_with_optimizer
         self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
         self.log_with, self.tracker_process = log_with, tracker_process
+        self.profile_handler: ProfileKwargs | None = handlers.get(ProfileKwargs)
         if mixed_precision is None:  # as set by notebook_launcher(mixed_precision=...)
             mixed_precision = os.environ.get(MIXED_PRECISION_ENV) or None
         precision = parse_mixed_precision(mixed_precision)
@@ -414,6 +419,34 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
             return
         self.unscale_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    # ------------------------------------------------------------------------------------- profiling
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[torch.profiler.profile]:
+        """Profile the code inside with ``torch.profiler``; yield the running profiler.
+
+        With ``output_trace_dir`` set, each process writes its Chrome trace there on exit
+        (``profile_<process_index>.json``; a relative folder is taken from the working folder), then waits
+        for the others. Nothing is written when the code inside raises.
+
+        Args:
+            profile_handler: The settings for this call; None takes the ``ProfileKwargs`` given in
+                ``kwargs_handlers``, or the defaults (record every supported activity, no schedule).
+
+        Example:
+            >>> with accelerator.profile(ProfileKwargs(schedule_option={"wait": 1, "warmup": 1, "active": 1})) as prof:
+            ...     for batch in loader:
+            ...         train_step(batch)
+            ...         prof.step()
+            >>> accelerator.print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10))
+        """
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir is not None:
+            export_trace(profiler, handler.output_trace_dir, process_index=self.process_index)
+            # Once any process leaves, every process's trace is on disk (as in Accelerate).
+            self.wait_for_everyone()
 
     # ---------------------------------------------------------------------------------------- models
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:

@@ -58,6 +58,11 @@ def is_deepspeed_available() -> bool:
     return _is_package_available("deepspeed")
 
 
+def is_schedulefree_available() -> bool:
+    """Whether Meta's ``schedulefree`` optimizers are installed (see ``AcceleratedOptimizer.train``)."""
+    return _is_package_available("schedulefree")
+
+
 def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
     """Whether ``torch_xla`` is installed (and, if asked, drives a TPU or a GPU). ``USE_TORCH_XLA=0`` says no.
 

@@ -55,6 +55,16 @@ class GradientState:
         self._active_loaders = [active for active in self._active_loaders if active is not loader]
 
     @property
+    def active_dataloader(self):
+        """The innermost prepared loader being iterated, or None (Accelerate's name)."""
+        return self._active_loaders[-1] if self._active_loaders else None
+
+    @property
+    def in_dataloader(self) -> bool:
+        """Whether a prepared loader is being iterated."""
+        return bool(self._active_loaders)
+
+    @property
     def end_of_dataloader(self) -> bool:
         """Whether the innermost loader being iterated has yielded its last batch."""
         return bool(self._active_loaders) and self._active_loaders[-1].end_of_dataloader
@@ -181,6 +191,33 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.scaler.update()
         self.unscaled = False
         self._step_was_skipped = not self._inner_step_called
+
+    def train(self) -> None:
+        """Put the wrapped optimizer in train mode, if it has modes (schedule-free optimizers do); else nothing.
+
+        A schedule-free optimizer (``schedulefree.AdamWScheduleFree``, ...) keeps two points per parameter
+        and moves the model's parameters between them: to the point the gradients are taken at in train
+        mode, to the averaged weights in eval mode. Its ``step`` refuses to run in eval mode.
+
+        Example:
+            >>> model.train()
+            >>> optimizer.train()  # before the training loop
+        """
+        self._switch_mode("train")
+
+    def eval(self) -> None:
+        """Put the wrapped optimizer in eval mode, if it has modes (see :meth:`train`); else nothing.
+
+        Example:
+            >>> model.eval()
+            >>> optimizer.eval()  # before evaluating, or saving the model's weights
+        """
+        self._switch_mode("eval")
+
+    def _switch_mode(self, mode: str) -> None:
+        switch = getattr(self.optimizer, mode, None)
+        if callable(switch):
+            switch()
 
     @property
     def step_was_skipped(self) -> bool:

@@ -1,6 +1,7 @@
 """Accelerate's ``accelerate.utils`` names, so ``from accelerate.utils import X`` ports by renaming."""
 
 from runner.engine.checkpoint import ProjectConfiguration
+from runner.engine.checkpoint.merge import merge_fsdp_weights
 from runner.engine.checkpoint.serialization import load_checkpoint_in_model
 from runner.engine.data import DataLoaderConfiguration
 from runner.engine.distributed import DistributedType, InitProcessGroupKwargs
@@ -13,6 +14,7 @@ from runner.engine.imports import (
     is_mlflow_available,
     is_mps_available,
     is_npu_available,
+    is_schedulefree_available,
     is_tensorboard_available,
     is_torch_xla_available,
     is_torchvision_available,
@@ -40,6 +42,7 @@ from runner.engine.parallel import (
     FullyShardedDataParallelPlugin,
 )
 from runner.engine.precision import AutocastKwargs, GradScalerKwargs, PrecisionType
+from runner.engine.profiling import ProfileKwargs
 from runner.engine.rng import set_seed, synchronize_rng_states
 
 __all__ = [
@@ -54,6 +57,7 @@ __all__ = [
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
     "PrecisionType",
+    "ProfileKwargs",
     "ProjectConfiguration",
     "broadcast",
     "broadcast_object_list",
@@ -69,6 +73,7 @@ __all__ = [
     "is_mlflow_available",
     "is_mps_available",
     "is_npu_available",
+    "is_schedulefree_available",
     "is_tensorboard_available",
     "is_torch_xla_available",
     "is_torchvision_available",
@@ -76,6 +81,7 @@ __all__ = [
     "is_wandb_available",
     "is_xpu_available",
     "load_checkpoint_in_model",
+    "merge_fsdp_weights",
     "notebook_launcher",
     "pad_across_processes",
     "patch_environment",

@@ -9,6 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from runner.engine import Accelerator, DistributedDataParallelKwargs, GeneralTracker, GradScalerKwargs
+from runner.engine.utils import ProfileKwargs
 from tests.helpers import train
 
 
@@ -56,6 +57,11 @@ def _behaviour(marker_dir):
     next(iter(loader))
     synced_draw = torch.rand(2)
 
+    traces = Path(marker_dir) / "traces"
+    with accelerator.profile(ProfileKwargs(activities=["cpu"], output_trace_dir=traces)):
+        nn.Linear(2, 2)(torch.ones(1, 2))
+    traces_on_exit = sorted(path.name for path in traces.iterdir())  # every rank's, once profile() has returned
+
     fp16 = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=256.0)])
     weights = train(fp16, batch_size=4, epochs=3)
     return {
@@ -66,6 +72,7 @@ def _behaviour(marker_dir):
         "fp16_weights": weights,
         "local_rank": int(os.environ["LOCAL_RANK"]),
         "local_main": accelerator.is_local_main_process,
+        "traces_on_exit": traces_on_exit,
     }
 
 
@@ -78,6 +85,7 @@ def test_accelerator_behaviour_on_two_processes(launch, tmp_path):
         assert torch.equal(value, rank1["fp16_weights"][key]), key  # DDP keeps replicas identical under fp16
         assert torch.isfinite(value).all()
     assert (rank0["local_rank"], rank0["local_main"], rank1["local_rank"], rank1["local_main"]) == (0, True, 1, False)
+    assert rank0["traces_on_exit"] == rank1["traces_on_exit"] == ["profile_0.json", "profile_1.json"]
     # Trackers run on the main process, and on every process those whose class says main_process_only = False;
     # elsewhere get_tracker gives a stand-in that does nothing.
     assert rank0["trackers"] == {

@@ -5,6 +5,7 @@ from safetensors.torch import load_file
 
 from runner.engine import Accelerator, FullyShardedDataParallelPlugin
 from runner.engine.checkpoint.sharded_state import gather_full
+from runner.engine.utils import merge_fsdp_weights
 from tests.helpers import assert_same_optimizer_state, assert_state_close, resumable_run, small_model, train
 
 
@@ -51,7 +52,14 @@ def _train_and_save(directory, model_dir, state_dict_type):
     optimizer.step()
     accelerator.save_state(directory)
     accelerator.save_model(model, model_dir)
-    return accelerator.get_state_dict(model), gather_full([model], [optimizer])[1][0]
+    refusal = None
+    if state_dict_type == "SHARDED_STATE_DICT":  # the main process merges; every process learns its verdict
+        merge_fsdp_weights(f"{directory}/model", f"{directory}_merged")
+        try:
+            merge_fsdp_weights(directory, f"{directory}_merged")  # the checkpoint, not its model folder
+        except ValueError as error:
+            refusal = str(error)
+    return accelerator.get_state_dict(model), gather_full([model], [optimizer])[1][0], refusal
 
 
 def _load(directory):
@@ -64,7 +72,9 @@ def _load(directory):
 
 
 def test_sharded_checkpoints_reshard_from_two_processes_to_one_and_back(launch, tmp_path):
-    saved = launch(_train_and_save, str(tmp_path / "two"), str(tmp_path / "model"), "SHARDED_STATE_DICT")[0]
+    saved, saved_by_other = launch(
+        _train_and_save, str(tmp_path / "two"), str(tmp_path / "model"), "SHARDED_STATE_DICT"
+    )
     files = {p.relative_to(tmp_path / "two").as_posix() for p in (tmp_path / "two").rglob("*") if p.is_file()}
     assert {"model/__0_0.distcp", "model/__1_0.distcp", "model/.metadata", "optimizer/.metadata"} <= files
     on_one = launch(_load, str(tmp_path / "two"), nproc=1)[0]
@@ -77,9 +87,17 @@ def test_sharded_checkpoints_reshard_from_two_processes_to_one_and_back(launch, 
     plain.load_state_dict(load_file(tmp_path / "model" / "model.safetensors"))
     assert all(torch.equal(plain.state_dict()[k], saved[0][k]) for k in saved[0])
 
+    # merge_fsdp_weights consolidates the model's shards into the full state dict; a wrong folder is refused on
+    # every process with the same sentence.
+    merged = load_file(tmp_path / "two_merged" / "model.safetensors")
+    assert merged.keys() == saved[0].keys() and all(torch.equal(merged[k], saved[0][k]) for k in saved[0])
+    assert saved[2] == saved_by_other[2] and saved[2].startswith(f"{tmp_path / 'two'} is not a torch.distributed")
+    assert saved[2].endswith(f"pass {tmp_path / 'two' / 'model'} instead.")
+
     # The reverse: saved by one process, loaded (sharded) by two.
     alone = launch(_train_and_save, str(tmp_path / "one"), str(tmp_path / "model_1"), "SHARDED_STATE_DICT", nproc=1)[0]
     reference = load_file(tmp_path / "model_1" / "model.safetensors")
+    assert torch.equal(load_file(tmp_path / "one_merged" / "model.safetensors")["2.weight"], reference["2.weight"])
     weights, optimizer = launch(_load, str(tmp_path / "one"))[0]
     assert weights.keys() == reference.keys() and all(torch.equal(weights[k], reference[k]) for k in reference)
     assert_same_optimizer_state(optimizer, alone[1])

@@ -13,6 +13,7 @@
 - :mod:`~runner.engine.checkpoint.node_local`: ``save_on_each_node``, a copy on each node's own disk.
 - :mod:`~runner.engine.checkpoint.sharded_state`: FSDP's sharded state through torch's DCP.
 - :mod:`~runner.engine.checkpoint.model_weights`: a model's whole weights from any folder (export, from_run).
+- :mod:`~runner.engine.checkpoint.merge`: ``merge_fsdp_weights``, a sharded FSDP folder as one weights file.
 - :mod:`~runner.engine.checkpoint.verbs`: the Accelerator's checkpoint verbs (``save_state``, ``load_state``, ...).
 
 It may import torch, safetensors, :mod:`runner.files`, and of the engine its constants, the collectives

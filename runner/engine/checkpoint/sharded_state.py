@@ -55,14 +55,23 @@ def _load(state: dict, folder: Path, listed: Collection[str]) -> None:
         with _quiet_single_process():
             dcp.load(state, storage_reader=reader, planner=planner_class(folder), no_dist=not _distributed())
     except CheckpointException as error:
-        failure = next(iter(error.failures.values()))
-        exception = failure[0] if isinstance(failure, tuple) else failure
+        exception = _first_failure(error)
         if isinstance(exception, CheckpointError):
             raise exception from None
-        detail = str(exception).strip().splitlines()[0] if str(exception).strip() else type(exception).__name__
         raise CheckpointError(
-            f"{folder} does not fit the prepared model or optimizer ({detail}); load a checkpoint of the same model."
+            f"{folder} does not fit the prepared model or optimizer ({_first_line(exception)}); load a checkpoint of "
+            "the same model."
         ) from None
+
+
+def _first_failure(error: Exception) -> BaseException:
+    """The exception behind a ``CheckpointException`` (DCP's failure, carrying each rank's error)."""
+    failure = next(iter(error.failures.values()))
+    return failure[0] if isinstance(failure, tuple) else failure
+
+
+def _first_line(exception: BaseException) -> str:
+    return str(exception).strip().splitlines()[0] if str(exception).strip() else type(exception).__name__
 
 
 # Everything the .metadata of a DCP save of a model or an optimizer pickles (torch 2.13, FSDP2 or a
@@ -195,6 +204,20 @@ def _checked_dcp_classes() -> tuple[type, type]:
     return MetadataCheckingReader, PlainValuesLoadPlanner
 
 
+@functools.cache
+def _whole_state_planner_class() -> type:
+    """DCP's ``_EmptyStateDictLoadPlanner`` (the state dict rebuilt from the metadata), reading non-tensor values as
+    ``PlainValuesLoadPlanner`` does."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+
+    _, plain_values_planner = _checked_dcp_classes()
+
+    class WholeStateLoadPlanner(plain_values_planner, _EmptyStateDictLoadPlanner):
+        pass
+
+    return WholeStateLoadPlanner
+
+
 @contextlib.contextmanager
 def _quiet_single_process() -> Iterator[None]:
     """DCP warns on every call without a process group; one process is a case we mean."""
@@ -288,6 +311,43 @@ def load_full_model_state(
     state = {"model": full}
     _load(state, folder, listed)
     return state["model"]
+
+
+def load_whole_dcp_state(folder: Path, listed: Collection[str]) -> dict[str, Any]:
+    """Everything the DCP folder ``folder`` holds (a model's tensors; an optimizer's state and param groups), whole,
+    read on this one process without a process group or a model.
+
+    DCP's own ``dcp_to_torch_save`` does this, with ``_EmptyStateDictLoadPlanner`` rebuilding the nested state dict
+    from the metadata (each tensor allocated at its full shape, filled from every rank's shards); here with the
+    reader and planner that read only data (the module's docstring). Its public ``dcp.load`` cannot: it keeps only
+    the keys the state dict it is given already has, and this one starts empty.
+
+    Args:
+        folder: A DCP folder (``model/``, ``optimizer_1/``, ...).
+        listed: The names of the folder's files the metadata may point at.
+
+    Raises:
+        CheckpointError: The metadata is not DCP's (see :func:`read_dcp_metadata`), or the files it points at cannot
+            be read.
+    """
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    reader_class, _ = _checked_dcp_classes()
+    reader = reader_class(folder, listed)
+    reader.read_metadata()  # refused here, before DCP allocates a tensor
+    state: dict[str, Any] = {}
+    try:
+        with _quiet_single_process():
+            _load_state_dict(state, storage_reader=reader, planner=_whole_state_planner_class()(folder), no_dist=True)
+    except CheckpointException as error:
+        exception = _first_failure(error)
+        if isinstance(exception, CheckpointError):
+            raise exception from None
+        raise CheckpointError(
+            f"{folder} holds shards that cannot be read ({_first_line(exception)}); the checkpoint is damaged."
+        ) from None
+    return state
 
 
 def load_optimizer(

@@ -17,6 +17,7 @@ PACKAGE_PROBES = {
     "is_transformers_available": "transformers",
     "is_wandb_available": "wandb",
     "is_mlflow_available": "mlflow",
+    "is_schedulefree_available": "schedulefree",
 }
 
 
