@@ -11,6 +11,7 @@ body declares, which the Accelerator sets; it may import those modules and torch
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ import torch
 from torch.distributed.algorithms import Join
 
 from runner.engine import ops
+from runner.engine.data.dispatch import DispatchedDataLoader
 from runner.engine.distributed import AcceleratorState, DistributedType, barrier
 
 if TYPE_CHECKING:
@@ -184,9 +186,9 @@ class ProcessVerbs:
 
         Args:
             joinables: The prepared DDP models (any ``torch.distributed.algorithms.Joinable``).
-            even_batches: Accelerate overrides the prepared loaders' ``even_batches`` with it inside the
-                block. Prepared loaders here fix it when prepared, so they keep theirs (with a warning
-                where it differs).
+            even_batches: Overrides the ``even_batches`` of the prepared loaders each process reads itself
+                inside the block, as in Accelerate (loaders rank 0 dispatches, and sharded streams, keep
+                theirs, with a warning); None keeps every loader's.
 
         Example:
             >>> accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(even_batches=False))
@@ -205,16 +207,29 @@ class ProcessVerbs:
             )
             yield
             return
-        loader_settings = {loader.sharding.even_batches for loader in self._dataloaders}
-        if even_batches is not None and loader_settings - {even_batches}:
+        overridden, kept = [], []
+        for loader in self._dataloaders if even_batches is not None else ():
+            batches = getattr(loader, "batches", loader.batch_sampler)  # whose passes the setting shapes
+            if isinstance(loader, DispatchedDataLoader) or not hasattr(batches, "even_batches"):
+                kept.append(type(loader.dataset).__name__)
+                continue
+            overridden.append((loader, batches, loader.sharding))
+            batches.even_batches = even_batches
+            loader.sharding = dataclasses.replace(loader.sharding, even_batches=even_batches)
+        if kept:
             warnings.warn(
-                f"join_uneven_inputs(even_batches={even_batches}) cannot change prepared loaders, which keep the "
-                "even_batches they were prepared with; set DataLoaderConfiguration(even_batches=...) instead.",
+                f"join_uneven_inputs(even_batches={even_batches}) overrides the loaders each process reads itself; "
+                f"the loaders over {', '.join(kept)} (dispatched by rank 0, or streamed) keep their even_batches.",
                 stacklevel=3,
             )
-        # Always on under DDP, as in Accelerate: a loader this Accelerator did not prepare may be uneven too.
-        with Join(joinables, enable=True, throw_on_early_termination=False):
-            yield
+        try:
+            # Always on under DDP, as in Accelerate: a loader this Accelerator did not prepare may be uneven too.
+            with Join(joinables, enable=True, throw_on_early_termination=False):
+                yield
+        finally:
+            for loader, batches, sharding in overridden:
+                batches.even_batches = sharding.even_batches
+                loader.sharding = sharding
 
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:

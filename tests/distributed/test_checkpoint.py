@@ -205,3 +205,25 @@ def test_every_slice_is_hashed_once_in_all_on_save_and_on_load(launch, tmp_path)
     )
     assert all(name != "random_states_1.pt" for name, *_ in rank0["load"])
     assert rank0["load"] and rank1["load"]
+
+
+def _save_to_a_folder_per_rank(folder):
+    accelerator = Accelerator()
+    accelerator.prepare(torch.nn.Linear(2, 2))
+    try:
+        accelerator.save_state(f"{folder}/rank{accelerator.process_index}")
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def test_a_different_save_folder_on_each_rank_is_one_sentence_on_every_rank(launch, tmp_path):
+    refusals = launch(_save_to_a_folder_per_rank, str(tmp_path))
+    expected = (
+        f"save_state got a different output_dir on each process (rank 0: '{tmp_path}/rank0', rank 1: "
+        f"'{tmp_path}/rank1'); every process writes its part of one checkpoint into the same folder, so pass the "
+        "same output_dir on every rank (a folder all nodes see, or ProjectConfiguration(save_on_each_node=True) "
+        "for each node's disk)."
+    )
+    assert refusals == [expected, expected]
+    assert list(tmp_path.iterdir()) == []  # nothing written

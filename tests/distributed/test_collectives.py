@@ -32,8 +32,8 @@ def test_gather_for_metrics_returns_every_item_exactly_once(launch, nproc):
             assert sorted(objects) == list(range(n))
             assert batches == -(-n // (8 * nproc))  # the same number of batches on every rank
     if nproc == 2:
-        # Both ranks saw the same number of samples (padding evens the last batch out).
-        assert [r[(97, True)][3] for r in results] == [49, 49]
+        # Both ranks saw the same number of samples: 7 batches of 8 each (padding makes the last global batch whole).
+        assert [r[(97, True)][3] for r in results] == [56, 56]
 
 
 def _collectives():

@@ -1,11 +1,13 @@
-"""A prepared shuffled loader on 2 gloo processes deals out the plain loader's order, and resumes it exactly.
+"""A prepared shuffled loader on 2 gloo processes deals out Accelerate's order, and resumes it exactly.
 
-N processes x batch b see, step by step, the batches one process sees with the plain loader and batch
-N*b; the ranks start from rank 0's generator (or torch's seed), whatever their own.
+With a generator, N processes x batch b see, step by step, the batches one process sees with the plain
+loader and batch N*b. Without one, as in Accelerate, the sampler gets a generator for all passes, seeded
+as prepare() runs by one draw of torch's generator. Either way the ranks start from rank 0's, whatever
+their own.
 """
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, RandomSampler
 
 from runner.engine import Accelerator
 
@@ -48,7 +50,10 @@ def test_two_ranks_deal_out_the_plain_loaders_order_and_resume_it_on_any_world_s
     global_batch = world * PER_RANK
     with_generator = _epochs(_plain(torch.Generator().manual_seed(5), global_batch), epochs=4)
     torch.manual_seed(100)
-    without = _epochs(_plain(None, global_batch))
+    persistent = torch.Generator().manual_seed(int(torch.empty((), dtype=torch.int64).random_()))
+    sampler = RandomSampler(range(SAMPLES), generator=persistent)
+    without = [[order[i : i + global_batch] for i in range(0, SAMPLES, global_batch)] for order in
+               (list(sampler) for _ in range(2))]  # fmt: skip
 
     ranks = launch(_orders_and_a_saved_pass, str(tmp_path))
 

@@ -74,7 +74,10 @@ def test_one_to_two_processes_continues_the_epoch_with_each_sample_once(launch, 
     (first,) = launch(_run, str(tmp_path), {**options, "stop_after": 5}, nproc=1)  # 20 of 48 samples
     rest = launch(_run, str(tmp_path), {**options, "resume": True})
     after = [i for rank in rest for batch in rank["seen"] for i in batch]
-    assert sorted(_epoch_samples(first["seen"], 0, 5) + after) == list(range(48))
-    assert [len(rank["seen"]) for rank in rest] == [4, 4]  # 28 samples: 3 global batches of 8 and one of 4
+    # 28 samples: 3 global batches of 8 and one of 4, rank 0's whole; the epoch's first 4 pad rank 1's (even_batches)
+    padding = first["seen"][0]
+    assert rest[1]["seen"][-1] == padding
+    assert sorted(_epoch_samples(first["seen"], 0, 5) + after) == sorted([*range(48), *padding])
+    assert [len(rank["seen"]) for rank in rest] == [4, 4]
     assert all(rank["warnings"] for rank in rest)
     assert rest[0]["losses"] != rest[1]["losses"]

@@ -31,6 +31,7 @@ def test_torchrun_script_joins_one_group(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["world"] == 2 and report["type"] == "MULTI_CPU"
-    # Rank 0's share of each global batch of 4 (and of the short last one): distinct samples, not a copy.
-    assert report["mine"] == [0, 1, 4, 5, 8]
+    # Rank 0's batch of each global batch of 4, the short last one's included (rank 1's is padding, as in
+    # Accelerate): distinct samples, not a copy.
+    assert report["mine"] == [0, 1, 4, 5, 8, 9]
     assert sorted(report["seen"]) == list(range(10))

@@ -66,7 +66,7 @@ from runner.engine.checkpoint.loading import (
 from runner.engine.checkpoint.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
 from runner.engine.checkpoint.manifest_schema import check_metadata
 from runner.engine.distributed import DistributedEnvironment, barrier
-from runner.engine.ops import broadcast_object_list
+from runner.engine.ops import broadcast_object_list, gather_object
 from runner.engine.parallel.base import unwrap_module
 from runner.engine.prepared import PreparedObjects
 from runner.files import sync_tree
@@ -297,6 +297,15 @@ class Checkpointer:
                 "save_state() needs an output_dir unless ProjectConfiguration(automatic_checkpoint_naming=True)."
             )
         target = Path(output_dir)
+        if env.world_size > 1:  # every rank writes its part into one folder: a folder of its own would be lost
+            folders = gather_object([os.path.abspath(target)])
+            if len(set(folders)) > 1:
+                named = ", ".join(f"rank {rank}: {folder!r}" for rank, folder in enumerate(folders))
+                raise ValueError(
+                    f"save_state got a different output_dir on each process ({named}); every process writes its "
+                    "part of one checkpoint into the same folder, so pass the same output_dir on every rank (a "
+                    "folder all nodes see, or ProjectConfiguration(save_on_each_node=True) for each node's disk)."
+                )
         check_writable_target(target)  # every rank sees the same folder, so every rank raises alike
         return target
 

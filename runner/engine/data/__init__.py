@@ -7,7 +7,8 @@ and where a loader keeps its position in the data.
 - :mod:`~runner.engine.data.loader`: the prepared loader, its configuration and its position (``state_dict``).
 - :mod:`~runner.engine.data.dispatch`: streams read on each rank, and batches rank 0 loads and sends.
 - :mod:`~runner.engine.data.worker_streams`: streams read by loader workers, each its part, a state for each.
-- :mod:`~runner.engine.data.loaders`: ``prepare_data_loader``, which picks one of them.
+- :mod:`~runner.engine.data.loaders`: the ``prepare_data_loader`` the Accelerator calls, which picks one of them;
+  the one exported here takes Accelerate's arguments (:mod:`runner.engine.data_loader`).
 
 It may import torch, :mod:`runner.engine.ops` (moving batches to a device) and the checkpoint room's
 ``CheckpointError`` (a saved position this loader cannot continue); nothing else of the engine. The names
@@ -15,6 +16,7 @@ below are importable from here, as they were from the module this room grew from
 """
 
 from runner.engine.data.batch_shards import BatchSamplerShard
+from runner.engine.data.dispatch import DispatchedDataLoader, IterableDatasetShard
 from runner.engine.data.loader import BatchShardedDataLoader, DataLoaderConfiguration, PreparedDataLoader
 from runner.engine.data.sampling import (
     PlainShuffle,
@@ -26,11 +28,14 @@ from runner.engine.data.sampling import (
     seed_generators,
     seeded_worker_init_fn,
 )
+from runner.engine.data_loader import prepare_data_loader, skip_first_batches  # Accelerate's signatures
 
 __all__ = [
     "BatchSamplerShard",
     "BatchShardedDataLoader",
     "DataLoaderConfiguration",
+    "DispatchedDataLoader",
+    "IterableDatasetShard",
     "PlainShuffle",
     "PreparedDataLoader",
     "SeedableRandomSampler",
@@ -38,6 +43,8 @@ __all__ = [
     "ShardedBatchSampler",
     "Sharding",
     "batch_seed",
+    "prepare_data_loader",
     "seed_generators",
     "seeded_worker_init_fn",
+    "skip_first_batches",
 ]

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.data.batch_shards import BatchSamplerShard
-from runner.engine.data.sampling import PlainShuffle, SeedableRandomSampler, Sharding
+from runner.engine.data.sampling import PlainShuffle, SeedableRandomSampler, Sharding, int64_draw
 from runner.engine.data.stream_states import check_stream_state
 from runner.engine.ops import send_to_device
 
@@ -96,11 +96,16 @@ class PreparedDataLoader(DataLoader):
         on_epoch_start: Callable[[], None] | None = None,
         seed: int = 0,
         shuffle: PlainShuffle | None = None,
+        base_generator: torch.Generator | None = None,
         **kwargs,
     ):
         super().__init__(dataset, generator=torch.Generator(), **kwargs)
         self.seed = seed
         self.shuffle = shuffle  # draws each pass's order as the unprepared loader does, if it shuffles so
+        # The user's loader's generator (None: torch's global one), which each pass draws one number from, as torch
+        # draws its workers' base seed: so the draws after a pass (the next shuffle, dropout) are a plain loader's.
+        self.base_generator = base_generator
+        self._resumes_pass = False  # a loaded position is mid-pass: that pass made its draws before it was saved
         self.sharding = sharding
         self.on_epoch_start = on_epoch_start
         self.device = device
@@ -198,6 +203,7 @@ class PreparedDataLoader(DataLoader):
             )
         self.iteration = state["epoch"]
         self._skip_on_next_pass = state[self._position_key]
+        self._resumes_pass = bool(self._skip_on_next_pass)
         self._pending_stream_state = None
         if self._skip_on_next_pass and ("dataset_state" in state or "worker_states" in state):
             self._pending_stream_state = self._saved_stream(state)
@@ -278,8 +284,11 @@ class PreparedDataLoader(DataLoader):
         # resumed run. 7919 and 104729 are primes: no two (epoch, rank) pairs of a real run collide.
         rank = self.sharding.process_index
         self.generator.manual_seed((self.seed + 7919 * self.iteration + 104729 * rank) % 2**64)
+        resumes, self._resumes_pass = self._resumes_pass, False
         if self.shuffle is not None:
             self.shuffle.begin_pass()
+        elif not resumes:  # a resumed pass's draw is in the generator states the checkpoint restored
+            int64_draw(self.base_generator)
         self.gradient_state.activate(self)
         try:
             yield from self._pass(skip)

@@ -22,6 +22,7 @@ from runner.engine.data.sampling import (
     SeedableRandomSampler,
     ShardedBatchSampler,
     Sharding,
+    int64_draw,
     seeded_worker_init_fn,
 )
 
@@ -38,10 +39,13 @@ _LOADER_OPTIONS = (
 )
 
 
-def _shuffle_seed(dataloader: DataLoader, broadcast_seed, data_seed: int | None) -> int:
-    """The seed shared by all ranks: ``data_seed``, else the loader's generator's, else torch's; rank 0's."""
-    if data_seed is not None:
-        seed = data_seed
+def _shuffle_seed(dataloader: DataLoader, broadcast_seed, config: DataLoaderConfiguration) -> int:
+    """The seed shared by all ranks: ``data_seed``, else (unless seedable) the loader's generator's, else torch's;
+    rank 0's. A seedable sampler shuffles from ``data_seed`` or torch's initial seed, as Accelerate's does."""
+    if config.data_seed is not None:
+        seed = config.data_seed
+    elif config.seedable:
+        seed = torch.initial_seed()
     else:
         generator = getattr(dataloader.sampler, "generator", None) or dataloader.generator
         seed = generator.initial_seed() if generator is not None else torch.initial_seed()
@@ -88,7 +92,7 @@ def prepare_data_loader(
             num_processes=num_processes,
             process_index=process_index,
             config=config,
-            seed=_shuffle_seed(dataloader, broadcast_seed, config.data_seed),
+            seed=_shuffle_seed(dataloader, broadcast_seed, config),
             share=share,
             device=device,
             gradient_state=gradient_state,
@@ -128,6 +132,7 @@ def _sample_sharded_loader(
     """A loader cut into global batches of samples: sharded by index, dispatched from rank 0, or an iterable's slice."""
     batch_sampler = dataloader.batch_sampler
     iterable = isinstance(dataloader.dataset, IterableDataset)
+    dispatch_batches = iterable if config.dispatch_batches is None else config.dispatch_batches
     sharding = Sharding.create(
         batch_sampler.batch_size,
         num_processes=num_processes,
@@ -135,10 +140,15 @@ def _sample_sharded_loader(
         process_index=process_index,
         drop_last=batch_sampler.drop_last,
         even_batches=config.even_batches,
+        dispatched=dispatch_batches and num_processes > 1,
     )
-    seed = _shuffle_seed(dataloader, broadcast_seed, config.data_seed)
+    seed = _shuffle_seed(dataloader, broadcast_seed, config)
     options = _loader_options(dataloader, iterable=iterable)
-    sampler, shuffle = _shuffled(batch_sampler.sampler, seed, dataloader, config, share)
+    # As in Accelerate, only a sampler each rank draws for itself keeps one generator across passes.
+    persistent = num_processes > 1 and not dispatch_batches and not iterable
+    sampler, shuffle = _shuffled(
+        batch_sampler.sampler, seed, dataloader, config, share, single=num_processes == 1, persistent=persistent
+    )
     common = {
         "device": device,
         "gradient_state": gradient_state,
@@ -147,9 +157,9 @@ def _sample_sharded_loader(
         "on_epoch_start": on_epoch_start,
         "seed": seed,
         "shuffle": shuffle,
+        "base_generator": dataloader.generator,
         **options,
     }
-    dispatch_batches = iterable if config.dispatch_batches is None else config.dispatch_batches
     workers = options.get("num_workers", 0) > 0
     if iterable and workers and (num_processes == 1 or (dispatch_batches and _workers_keep_state(options, dataloader))):
         return _worker_stream_loader(dataloader, dispatched=num_processes > 1, comm_device=comm_device, **common)
@@ -236,7 +246,7 @@ def _worker_stream_loader(
 
 def _seeded(sampler, seed: int):
     """``sampler``, or a copy of it whose shuffle every rank draws alike (reseeded each epoch)."""
-    if isinstance(sampler, RandomSampler):
+    if isinstance(sampler, RandomSampler) and not hasattr(sampler, "set_epoch"):
         return SeedableRandomSampler(
             sampler.data_source, seed=seed, replacement=sampler.replacement, num_samples=sampler._num_samples
         )
@@ -246,19 +256,34 @@ def _seeded(sampler, seed: int):
     return sampler
 
 
-def _shuffled(sampler, seed: int, dataloader: DataLoader, config: DataLoaderConfiguration, share):
+def _shuffled(
+    sampler,
+    seed: int,
+    dataloader: DataLoader,
+    config: DataLoaderConfiguration,
+    share,
+    *,
+    single: bool,
+    persistent: bool = False,
+):
     """The sampler a prepared loader draws from, and the :class:`PlainShuffle` that draws it (None if seedable).
 
     Seedable (``use_seedable_sampler`` or a ``data_seed``): a ``RandomSampler`` becomes a
     :class:`SeedableRandomSampler`. Otherwise a sampler with a ``generator`` (and no ``set_epoch``)
-    draws each pass's order as the unprepared loader would; it is copied, so that the pass's new
-    generator a sampler without one gets leaves the user's sampler as it was.
+    draws each pass's order as the unprepared loader would; it is copied, so that the generator it
+    may get leaves the user's sampler as it was. ``persistent`` (several processes, each drawing its
+    own indices) gives a sampler without a generator one for every pass, seeded now by one draw of
+    torch's global generator and rank 0's on every rank as each pass begins: Accelerate's order.
+    On one process (``single``) such a sampler draws as in a plain DataLoader.
     """
     if config.seedable:
         return _seeded(sampler, seed), None
     if hasattr(sampler, "generator") and not hasattr(sampler, "set_epoch"):
         sampler = copy.copy(sampler)
-        return sampler, PlainShuffle(sampler, dataloader.generator, share)
+        persistent = persistent and sampler.generator is None
+        if persistent:
+            sampler.generator = torch.Generator().manual_seed(int64_draw(None))
+        return sampler, PlainShuffle(sampler, dataloader.generator, share, global_draws=single, persistent=persistent)
     return sampler, None
 
 
@@ -291,9 +316,17 @@ def _batch_sharded_loader(
     # A shallow copy, so that seeding its sampler (or its generator) leaves the user's loader as it was.
     user_batches, shuffle = copy.copy(user_batches), None
     if hasattr(user_batches, "sampler"):
-        user_batches.sampler, shuffle = _shuffled(user_batches.sampler, seed, dataloader, config, share)
+        user_batches.sampler, shuffle = _shuffled(
+            user_batches.sampler,
+            seed,
+            dataloader,
+            config,
+            share,
+            single=num_processes == 1,
+            persistent=num_processes > 1,
+        )
     if shuffle is None:  # shuffled by the batch sampler's own generator, if at all
-        user_batches, shuffle = _shuffled(user_batches, seed, dataloader, config, share)
+        user_batches, shuffle = _shuffled(user_batches, seed, dataloader, config, share, single=num_processes == 1)
     as_sampler = dataloader.batch_sampler is None
     batches = BatchSamplerShard(
         user_batches,
@@ -321,6 +354,7 @@ def _batch_sharded_loader(
         sharding=sharding,
         seed=seed,
         shuffle=shuffle,
+        base_generator=dataloader.generator,
         **options,
         **common,
     )

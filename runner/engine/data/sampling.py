@@ -6,9 +6,12 @@ exactly the batch one process would see with the global batch size, which is wha
 x batch b equal to 1 process x batch N*b.
 
 The last global batch may be short. With ``even_batches`` (the default) it is padded with samples
-from the start of the epoch to the next multiple of ``num_processes`` and split evenly, so every rank
-runs the same number of steps; ``gather_for_metrics`` drops the padding again, because the gathered
-slices concatenate back into the padded global batch in rank order.
+from the start of the epoch, so every rank runs the same number of steps, as Accelerate pads it: a
+loader sharded by index is padded to a whole global batch, each rank keeping its whole batch of
+``batch_size`` (Accelerate's ``BatchSamplerShard``); batches rank 0 dispatches are padded to the next
+multiple of ``num_processes`` and split evenly (Accelerate's ``DataLoaderDispatcher``).
+``gather_for_metrics`` drops the padding again, because the gathered slices concatenate back into the
+padded global batch in rank order, the real samples first.
 
 Shuffling is seeded alike on every rank and anew each epoch, and every batch carries the seed its
 random draws start from (:class:`SeededBatch`), so a resumed run draws as an uninterrupted one.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import RandomSampler, Sampler
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class Sharding:
     process_index: int
     drop_last: bool = False
     even_batches: bool = True
+    dispatched: bool = False  # rank 0 loads each global batch and sends every rank its share
 
     @classmethod
     def create(cls, batch_size: int, *, num_processes: int, split_batches: bool, **options: Any) -> Sharding:
@@ -56,40 +61,45 @@ class Sharding:
         return self.per_process * self.num_processes
 
     def rank_slice(self, batch, rank: int | None = None):
-        """A rank's share of a global batch: consecutive slices of ``ceil(len / num_processes)``.
+        """A rank's share of a global batch: its whole batch of ``per_process`` items, or, dispatched, consecutive
+        slices of ``ceil(len / num_processes)``.
 
         Indices and collated batches are split alike, so every way of sharding splits a short last
         batch the same way (when it is not padded, the last ranks may get fewer items, or none).
         """
         rank = self.process_index if rank is None else rank
-        size = -(-len(batch) // self.num_processes)
+        size = -(-len(batch) // self.num_processes) if self.dispatched else self.per_process
         return batch[rank * size : (rank + 1) * size]
+
+    def _padding(self, short: int) -> int:
+        """How many samples pad a short last global batch of ``short`` samples."""
+        if self.drop_last or not self.even_batches or not short or self.num_processes == 1:
+            return 0
+        return -short % self.num_processes if self.dispatched else self.global_batch_size - short
 
     def last_batch(self, batch: list, head: list) -> list | None:
         """The short last global batch as handed out: dropped, as is, or padded with the epoch's start.
 
         ``head`` is the epoch's first global batch; if the epoch had no full one, the short batch
-        pads itself. Padding stops at the next multiple of ``num_processes``.
+        pads itself, over and over. Sharded by index, padding fills a whole global batch; dispatched,
+        it stops at the next multiple of ``num_processes``.
         """
         if self.drop_last:
             return None
-        if not self.even_batches:
-            return batch
         filler = head + batch if len(head) == self.global_batch_size else batch
-        return batch + [filler[i % len(filler)] for i in range(-len(batch) % self.num_processes)]
+        return batch + [filler[i % len(filler)] for i in range(self._padding(len(batch)))]
 
     def remainder(self, total: int) -> int:
         """Real samples in the padded last global batch of a pass over ``total`` samples, or -1."""
         short = total % self.global_batch_size
-        padded = short and not self.drop_last and self.even_batches and short % self.num_processes
-        return short if padded else -1
+        return short if self._padding(short) else -1
 
     def global_rows(self, total: int) -> list[int]:
         """The length of each global batch of a pass over ``total`` samples, padding included."""
         full, short = divmod(max(total, 0), self.global_batch_size)
         rows = [self.global_batch_size] * full
         if short and not self.drop_last:
-            rows.append(short + (-short % self.num_processes if self.even_batches else 0))
+            rows.append(short + self._padding(short))
         return rows
 
     def num_batches(self, total: int) -> int:
@@ -161,8 +171,12 @@ def seeded_worker_init_fn(worker_init_fn: Callable[[int], None] | None) -> Calla
     return functools.partial(_init_seeded_worker, worker_init_fn)  # a partial pickles, for spawned workers
 
 
-class SeedableRandomSampler(Sampler[int]):
-    """A random permutation drawn from ``seed + epoch``: the same on every rank, new each epoch.
+class SeedableRandomSampler(RandomSampler):
+    """A random permutation drawn from ``seed + epoch``: the same on every rank, new each epoch (Accelerate's).
+
+    Each pass reseeds the generator with ``seed + epoch`` and draws as torch's ``RandomSampler`` does, and a pass
+    run to its end moves to the next epoch, so a plain DataLoader over it shuffles anew every epoch; a prepared
+    loader sets the epoch before each pass (``set_epoch``).
 
     Args:
         data_source: What is sampled (only its length is used).
@@ -189,38 +203,29 @@ class SeedableRandomSampler(Sampler[int]):
         data_seed: int | None = None,
         seed: int | None = None,
     ):
-        self.data_source = data_source
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
         if data_seed is not None:
             seed = data_seed
         self.seed = seed if seed is not None else torch.initial_seed()
         self.epoch = 0
-        self.replacement = replacement
-        self._num_samples = num_samples
-        self.generator = generator
 
     @property
-    def num_samples(self) -> int:
-        return len(self.data_source) if self._num_samples is None else self._num_samples
+    def initial_seed(self) -> int:
+        """Accelerate's name for :attr:`seed`."""
+        return self.seed
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
-        generator = (self.generator or torch.Generator()).manual_seed((self.seed + self.epoch) % 2**64)
-        n = len(self.data_source)
-        if self.replacement:
-            yield from torch.randint(n, (self.num_samples,), generator=generator).tolist()
-            return
-        order: list[int] = []
-        while len(order) < self.num_samples:
-            order.extend(torch.randperm(n, generator=generator).tolist())
-        yield from order[: self.num_samples]
-
-    def __len__(self) -> int:
-        return self.num_samples
+        if self.generator is None:
+            self.generator = torch.Generator()
+        self.generator.manual_seed((self.seed + self.epoch) % 2**64)
+        yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)
 
 
-def _int64_draw(generator: torch.Generator | None) -> int:
+def int64_draw(generator: torch.Generator | None) -> int:
     """The draw a DataLoader makes as each pass begins (its workers' base seed), and RandomSampler for its seed."""
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
 
@@ -238,30 +243,49 @@ class PlainShuffle:
 
     As a pass begins, a DataLoader draws its workers' base seed from its ``generator`` (torch's global
     generator without one), then its sampler shuffles: from the sampler's own ``generator`` (which
-    ``DataLoader(shuffle=True, generator=g)`` shares), or, without one, from a new generator seeded
-    by one more draw of the global generator. A prepared loader makes the same draws, so on one
-    process it yields the plain loader's batches and a ported loop keeps its numbers for a given seed.
-    With several processes, rank 0's generators (or seed) are everyone's as each pass begins, so the
-    global order is that same order cut into per-rank slices. (Loader workers still load each batch
-    with its own seed, see :class:`SeededBatch`.)
+    ``DataLoader(shuffle=True, generator=g)`` shares), or, without one, a ``RandomSampler`` from a
+    new generator seeded by one more draw of the global generator, and other samplers
+    (``SubsetRandomSampler``, ``WeightedRandomSampler``) from the global generator itself. A prepared
+    loader makes the same draws, so on one process it yields the plain loader's batches and a ported
+    loop keeps its numbers for a given seed. With several processes, rank 0's generators (or seed)
+    are everyone's as each pass begins. (Loader workers still load each batch with its own seed, see
+    :class:`SeededBatch`.)
 
     For an exact resume, a position records what the current pass drew from: the generators' states
-    as it began and, without a sampler generator, the seed it drew. A pass resumed from that position
-    draws from them again, never twice from the global generator, which the checkpoint restores to
-    the moment of saving. Between passes, the position records the generators as they are.
+    as it began and, without a sampler generator, the seed it drew (or the global generator's state
+    the sampler drew from). A pass resumed from that position draws from them again, never twice from
+    the global generator, which the checkpoint restores to the moment of saving. Between passes, the
+    position records the generators as they are.
 
     Args:
         target: What shuffles: a sampler (or a user's batch sampler) with a ``generator`` attribute,
             which each pass draws from or, when None, sets to that pass's new generator.
         loader_generator: The user's loader's ``generator`` (None: the global generator).
         share: Rank 0's value on every rank (a collective when distributed).
+        global_draws: Whether a ``target`` without a generator draws from the global generator, as it
+            does in a plain loader (one process, a sampler other than ``RandomSampler``); otherwise each
+            pass gives it a generator seeded by one draw, rank 0's.
+        persistent: ``target``'s generator was given to it by ``prepare`` for every pass (several processes).
+
+    A position saved by one process continues on several and the other way round: the resumed run takes
+    the saved run's way of drawing (a generator for every pass, or a new one each pass).
     """
 
-    def __init__(self, target: Any, loader_generator: torch.Generator | None, share: Callable[[Any], Any]) -> None:
+    def __init__(
+        self,
+        target: Any,
+        loader_generator: torch.Generator | None,
+        share: Callable[[Any], Any],
+        *,
+        global_draws: bool = False,
+        persistent: bool = False,
+    ) -> None:
         self.target = target
         self.generator: torch.Generator | None = target.generator
         self.loader_generator = loader_generator
         self.share = share
+        self.global_draws = global_draws and self.generator is None and not isinstance(target, RandomSampler)
+        self.persistent = persistent
         self._current: dict[str, Any] | None = None  # what the pass in progress drew from
         self._loaded: dict[str, Any] | None = None  # a loaded mid-pass record, for the next pass to draw from
 
@@ -283,10 +307,18 @@ class PlainShuffle:
                 generator.set_state(state)
             record = {"generators": [_encoded(generator) for generator in generators], "draw_seed": None}
         if self.loader_generator is not None or resumed is None:
-            _int64_draw(self.loader_generator)  # the workers' base seed; the prepared loader seeds its own
-        if self.generator is None:
+            int64_draw(self.loader_generator)  # the workers' base seed; the prepared loader seeds its own
+        if resumed is not None and "global_state" in record:
+            # The pass drew from the global generator: now from a copy of it as the pass began, since the
+            # checkpoint restored the global generator to after these draws.
+            self.target.generator = torch.Generator()
+            self.target.generator.set_state(_decoded(record["global_state"]))
+        elif resumed is None and self.global_draws:  # the sampler draws from the global generator, from here on
+            record["global_state"] = _encoded(torch.default_generator)
+            self.target.generator = None
+        elif self.generator is None:
             if resumed is None:
-                record["draw_seed"] = self.share(_int64_draw(None))
+                record["draw_seed"] = self.share(int64_draw(None))
             self.target.generator = torch.Generator().manual_seed(record["draw_seed"])
         self._current = record
 
@@ -299,13 +331,18 @@ class PlainShuffle:
         A begun pass's record has a ``draw_seed`` (None when the sampler has its own generator). A pass
         that has handed out its last batch (``between_passes``) is recorded as begun, with ``replay``:
         its sampler may still draw when asked for the end (RandomSampler does), so loading replays the
-        whole pass's draws rather than trusting the generators' state of the moment.
+        whole pass's draws rather than trusting the generators' state of the moment. ``persistent`` marks
+        a sampler generator that ``prepare`` gave (see the class).
         """
         if self._loaded is not None:
-            return dict(self._loaded)
-        if self._current is not None:
-            return {**self._current, "replay": True} if between_passes else dict(self._current)
-        return {"generators": [_encoded(generator) for generator in self._generators()]}
+            state = dict(self._loaded)
+        elif self._current is not None:
+            state = {**self._current, "replay": True} if between_passes else dict(self._current)
+        else:
+            state = {"generators": [_encoded(generator) for generator in self._generators()]}
+        if self.persistent:
+            state["persistent"] = True
+        return state
 
     def load(self, state: dict[str, Any]) -> None:
         """Set the generators to a :meth:`state`; the record of a begun pass is what the next pass draws from again.
@@ -315,6 +352,19 @@ class PlainShuffle:
         """
         generators = self._generators()
         saved = state.get("generators")
+        adopts = state.get("persistent") is True and self.generator is None
+        if adopts and isinstance(saved, list) and len(saved) == len(generators) + 1:
+            self.generator = self.target.generator = torch.Generator()  # saved by several processes: theirs
+            self.global_draws, self.persistent = False, True
+        elif (
+            self.persistent
+            and "persistent" not in state
+            and isinstance(saved, list)
+            and len(saved) == len(generators) - 1
+        ):
+            self.generator = self.target.generator = None  # saved by one process: a new generator each pass
+            self.persistent = False
+        generators = self._generators()
         if not isinstance(saved, list) or len(saved) != len(generators):
             found = len(saved) if isinstance(saved, list) else "no"
             raise ValueError(
@@ -323,11 +373,13 @@ class PlainShuffle:
                 "setting; prepare the DataLoader as the saved run did."
             )
         begun = "draw_seed" in state
-        if begun and (self.generator is None) != (type(state["draw_seed"]) is int):
+        drew_own = state.get("draw_seed") is None and "global_state" not in state
+        kind_known = type(state.get("draw_seed")) is int or type(state.get("global_state")) is str or drew_own
+        if begun and (not kind_known or drew_own != (self.generator is not None)):
             raise ValueError(
-                "This loader's saved position was drawn by a sampler with"
-                f"{' no' if self.generator is not None else ''} generator of its own, unlike this one; prepare the "
-                "DataLoader as the saved run did."
+                "This loader's saved position was drawn by a sampler that shuffles from other generators than this "
+                "one (its own, a new one each pass, or torch's global one); prepare the DataLoader as the saved run "
+                "did."
             )
         try:
             for generator, encoded in zip(generators, saved, strict=True):
@@ -339,11 +391,13 @@ class PlainShuffle:
             self._replay_pass()
         elif begun:
             self._loaded = {"generators": list(saved), "draw_seed": state["draw_seed"]}
+            if "global_state" in state:
+                self._loaded["global_state"] = state["global_state"]
 
     def _replay_pass(self) -> None:
         """Draw what a whole pass draws from the generators (just set to its start), leaving them as after it."""
         if self.loader_generator is not None:
-            _int64_draw(self.loader_generator)
+            int64_draw(self.loader_generator)
         if self.generator is not None:  # without one, the pass's own generator is done with
             for _ in self.target:
                 pass
@@ -366,6 +420,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
         process_index: int = 0,
         split_batches: bool = False,
         even_batches: bool = True,
+        dispatched: bool = False,
     ) -> None:
         self.sharding = sharding or Sharding.create(
             batch_size,
@@ -374,6 +429,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
             process_index=process_index,
             drop_last=drop_last,
             even_batches=even_batches,
+            dispatched=dispatched,
         )
         self.sampler = sampler
         self.process_index = self.sharding.process_index
@@ -383,6 +439,15 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self.seed: int | None = None  # seeds the batches, and reseeds a sampler's own generator each epoch
         self.reseeds_sampler = True  # False when a PlainShuffle draws the order (see set_epoch)
         self.epoch = 0
+
+    @property
+    def even_batches(self) -> bool:
+        """Whether the short last global batch is padded (Accelerate's attribute; ``join_uneven_inputs`` sets it)."""
+        return self.sharding.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.sharding = dataclasses.replace(self.sharding, even_batches=value)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

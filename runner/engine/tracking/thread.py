@@ -76,6 +76,11 @@ def warn_dropped(name: str, reason: str) -> None:
     )  # fmt: skip
 
 
+def _warn_dropped_tracker(tracker: GeneralTracker, error: BaseException) -> None:
+    """A :class:`TrackerThread`'s default ``on_drop`` (a module function, so an Accelerator pickles)."""
+    warn_dropped(tracker.name, describe(error))
+
+
 class TrackerThread:
     """Calls the trackers on one background thread, in the order they were asked: ``log`` returns at once.
 
@@ -93,10 +98,19 @@ class TrackerThread:
         """``on_drop(tracker, error)``: what to do when a tracker raises (it is then called no more); by
         default, warn once."""
         self.trackers = list(trackers)
-        self._on_drop = on_drop or (lambda tracker, error: warn_dropped(tracker.name, describe(error)))
+        self._on_drop = on_drop or _warn_dropped_tracker
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._urgent = threading.Event()  # a flush, an artifact or the end: send now
         self._thread: threading.Thread | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The trackers and ``on_drop``, once every call asked so far has reached the trackers; a copy starts with
+        its own queue and thread (as ``pickle.dumps(accelerator)`` needs)."""
+        self.flush()
+        return {"trackers": self.trackers, "on_drop": self._on_drop}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["trackers"], state["on_drop"])
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():

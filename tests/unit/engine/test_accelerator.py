@@ -91,11 +91,12 @@ def test_with_the_seedable_sampler_training_equals_a_raw_loop_over_randperm_of_s
     config = DataLoaderConfiguration(use_seedable_sampler=True)
     engine_weights = train(Accelerator(dataloader_config=config), batch_size=8, epochs=3)
 
-    # The seedable sampler shuffles with randperm(seed + epoch) of the loader's seed.
+    # The seedable sampler shuffles with randperm(seed + epoch) of torch's seed as prepare() runs (small_model's
+    # manual_seed(0)), as Accelerate's does, not of the seed of the loader's generator (1234).
     dataset = regression_data()
 
     def batches(epoch):
-        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(1234 + epoch)).tolist()
+        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0 + epoch)).tolist()
         return (dataset[order[start : start + 8]] for start in range(0, len(order), 8))
 
     for key, value in _raw_loop(3, batches).items():

@@ -1,6 +1,7 @@
 """Accelerate parity on one process: ``accelerator.state``, the last process, and seeding arguments."""
 
 import dataclasses
+import pickle
 
 import pytest
 import torch
@@ -148,3 +149,34 @@ def test_without_data_seed_prepared_loaders_shuffle_as_the_plain_loader_and_seed
     torch.manual_seed(1)
     seedable = Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
     assert _epoch_orders(seedable) == [_order(SeedableRandomSampler(range(20), seed=1), epoch) for epoch in range(2)]
+
+
+def test_gradient_state_names_the_loader_being_iterated():
+    accelerator = Accelerator()
+    first, second = accelerator.prepare(DataLoader(range(4), batch_size=2), DataLoader(range(2), batch_size=1))
+    state = accelerator.gradient_state
+    assert state.active_dataloader is None and not state.in_dataloader
+    inner = []
+    for _ in first:
+        assert state.active_dataloader is first and state.in_dataloader
+        inner.extend(state.active_dataloader is second for _ in second)
+        assert state.active_dataloader is first
+    assert inner == [True] * 4 and state.active_dataloader is None
+
+
+def test_an_accelerator_and_its_loaders_pickle():
+    accelerator = Accelerator(mixed_precision="bf16")
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(6)), batch_size=2, shuffle=True))
+    copy = pickle.loads(pickle.dumps(accelerator))
+    assert copy.state == accelerator.state and copy.mixed_precision == "bf16"
+    again = pickle.loads(pickle.dumps(loader))
+    assert sorted(i for (batch,) in again for i in batch.tolist()) == list(range(6))
+
+
+def test_a_seedable_sampler_in_a_plain_loader_moves_to_the_next_epoch_after_each_pass():
+    sampler = SeedableRandomSampler(range(10), data_seed=3)
+    loader = DataLoader(range(10), batch_size=5, sampler=sampler)
+    passes = [[i for batch in loader for i in batch.tolist()] for _ in range(2)]
+    expected = [torch.randperm(10, generator=torch.Generator().manual_seed(3 + epoch)).tolist() for epoch in (0, 1)]
+    assert passes == expected and sampler.epoch == 2
+    assert isinstance(sampler, torch.utils.data.RandomSampler) and sampler.initial_seed == 3  # Accelerate's names

@@ -1,6 +1,10 @@
 """The engine's public names: what a script written for Accelerate imports and calls, kept whatever moves inside."""
 
+import importlib
+import inspect
+
 import runner.engine
+import runner.engine.data_loader
 import runner.engine.tracking
 import runner.engine.utils
 from runner.engine import Accelerator
@@ -89,6 +93,39 @@ TRACKING = [  # accelerate.tracking's counterpart
     "flatten",
     "register_tracker_class",
 ]
+DATA_LOADER = [  # accelerate.data_loader's counterpart
+    "BatchSamplerShard",
+    "DataLoaderDispatcher",
+    "DataLoaderShard",
+    "IterableDatasetShard",
+    "SeedableRandomSampler",
+    "prepare_data_loader",
+    "skip_first_batches",
+]
+# Where porting users import from, by module: each name must stay importable there.
+IMPORTED_FROM = {
+    "runner.engine.data": ["DataLoaderConfiguration", "SeedableRandomSampler", "prepare_data_loader"],
+    "runner.engine.dispatch": ["DispatchedDataLoader", "IterableDatasetShard"],
+    "runner.engine.local_sgd": ["LocalSGD"],
+}
+# accelerate.data_loader.prepare_data_loader's parameters, in order: positional calls port unchanged.
+PREPARE_DATA_LOADER = [
+    "dataloader",
+    "device",
+    "num_processes",
+    "process_index",
+    "split_batches",
+    "put_on_device",
+    "rng_types",
+    "dispatch_batches",
+    "even_batches",
+    "slice_fn_for_dispatch",
+    "use_seedable_sampler",
+    "data_seed",
+    "non_blocking",
+    "use_stateful_dataloader",
+    "torch_device_mesh",
+]
 ACCELERATOR = [
     "accumulate",
     "autocast",
@@ -169,6 +206,16 @@ def test_the_engine_and_its_utils_export_the_same_names_and_each_resolves():
     assert all(getattr(runner.engine.utils, name) is not None for name in UTILS)
     assert sorted(runner.engine.tracking.__all__) == TRACKING
     assert all(getattr(runner.engine.tracking, name) is not None for name in TRACKING)
+
+
+def test_accelerates_data_loader_names_and_their_old_homes_resolve():
+    assert sorted(runner.engine.data_loader.__all__) == DATA_LOADER
+    assert all(getattr(runner.engine.data_loader, name) is not None for name in DATA_LOADER)
+    for module, names in IMPORTED_FROM.items():
+        assert all(getattr(importlib.import_module(module), name) is not None for name in names), module
+    parameters = inspect.signature(runner.engine.data_loader.prepare_data_loader).parameters
+    assert list(parameters) == PREPARE_DATA_LOADER
+    assert all(parameter.kind is parameter.POSITIONAL_OR_KEYWORD for parameter in parameters.values())
 
 
 def test_the_accelerator_keeps_every_public_verb_and_property():

@@ -28,23 +28,30 @@ def test_ranks_take_consecutive_slices_of_each_global_batch():
     assert rank1 == [[4, 5, 6, 7], [12, 13, 14, 15]]
 
 
+@pytest.mark.parametrize("dispatched", [False, True])
 @pytest.mark.parametrize("n", [97, 100, 101, 3])
-def test_even_batches_pad_the_last_global_batch_from_the_start(n):
-    batches = shards(n, 8, 2)
+def test_even_batches_pad_the_last_global_batch_from_the_start(n, dispatched):
+    batches = shards(n, 8, 2, dispatched=dispatched)
     assert len(batches[0]) == len(batches[1])
     seen = [i for rank in batches for batch in rank for i in batch]
     assert set(seen) == set(range(n))
     duplicates = len(seen) - n
-    assert duplicates == n % 2  # the short global batch is padded only to a multiple of the world size
-    sampler = samplers(n, 8, 2)[0]
-    assert sampler.remainder == (n % 16 if n % 2 else -1)
+    # As Accelerate pads it: sharded by index, to a whole global batch (each rank keeps its whole batch of 8);
+    # dispatched by rank 0, only to a multiple of the world size.
+    assert duplicates == (n % 2 if dispatched else -n % 16)
+    sampler = samplers(n, 8, 2, dispatched=dispatched)[0]
+    assert sampler.remainder == (n % 16 if (n % 2 if dispatched else n % 16) else -1)
     assert len(sampler) == len(batches[0])
+    if n == 3:  # shorter than one global batch: it pads itself, over and over
+        assert batches == (
+            [[[0, 1]], [[2, 0]]] if dispatched else [[[0, 1, 2, 0, 1, 2, 0, 1]], [[2, 0, 1, 2, 0, 1, 2, 0]]]
+        )
 
 
 def test_without_even_batches_ranks_may_get_fewer_batches():
-    assert shards(18, 4, 2, even_batches=False) == [
-        [[0, 1, 2, 3], [8, 9, 10, 11], [16]],
-        [[4, 5, 6, 7], [12, 13, 14, 15], [17]],
+    assert shards(18, 4, 2, even_batches=False) == [  # rank 0 keeps the short last batch whole, as in Accelerate
+        [[0, 1, 2, 3], [8, 9, 10, 11], [16, 17]],
+        [[4, 5, 6, 7], [12, 13, 14, 15]],
     ]
     uneven = samplers(17, 4, 2, even_batches=False)
     assert [list(s) for s in uneven] == [[[0, 1, 2, 3], [8, 9, 10, 11], [16]], [[4, 5, 6, 7], [12, 13, 14, 15]]]
@@ -66,9 +73,9 @@ def test_split_batches_divides_the_loader_batch():
 def test_a_pass_can_start_mid_epoch_and_still_pad_from_the_epoch_start():
     rank0, rank1 = samplers(21, 4, 2)
     rank0.skip_samples = rank1.skip_samples = 8  # resume after the first global batch
-    assert [list(rank0), list(rank1)] == [[[8, 9, 10, 11], [16, 17, 18]], [[12, 13, 14, 15], [19, 20, 0]]]
+    assert [list(rank0), list(rank1)] == [[[8, 9, 10, 11], [16, 17, 18, 19]], [[12, 13, 14, 15], [20, 0, 1, 2]]]
     assert rank0.num_batches(8) == 2 and rank0.remainder_after(8) == 5
-    assert list(rank0) == [[0, 1, 2, 3], [8, 9, 10, 11], [16, 17, 18]]  # the skip applied to one pass only
+    assert list(rank0) == [[0, 1, 2, 3], [8, 9, 10, 11], [16, 17, 18, 19]]  # the skip applied to one pass only
 
 
 def test_seeded_shuffle_is_identical_across_ranks_and_new_each_epoch():

@@ -45,12 +45,12 @@ def test_iterable_shards_take_each_ranks_slice_and_pad_like_map_style(n):
     shards, items = shard_items(n, 8, 2)
     assert len(items[0]) == len(items[1]) == len(shards[0]) == len(shards[1])
     assert set(items[0] + items[1]) == set(range(n))
-    assert len(items[0] + items[1]) - n == n % 2  # padded only to a multiple of the world size
+    assert len(items[0] + items[1]) - n == -n % 16  # padded to a whole global batch, as Accelerate's shard pads
     if n >= 16:
         assert items[0][:8] == list(range(8)) and items[1][:8] == list(range(8, 16))
-    else:
-        assert items == [[0, 1], [2, 0]]  # too short for a full global batch: it pads itself
-    assert shards[0].remainder == (n % 16 if n % 2 else -1)
+    else:  # too short for a full global batch: it pads itself, over and over
+        assert items == [[0, 1, 2, 0, 1, 2, 0, 1], [2, 0, 1, 2, 0, 1, 2, 0]]
+    assert shards[0].remainder == (n % 16 if n % 16 else -1)
 
 
 def test_iterable_shards_without_even_batches_see_each_sample_once():
@@ -64,7 +64,7 @@ def test_an_iterable_shard_resumes_by_reading_past_the_seen_samples_and_still_pa
     shards, full = shard_items(21, 4, 2)
     for shard in shards:
         shard.skip_samples = 8
-    assert [list(shard) for shard in shards] == [[8, 9, 10, 11, 16, 17, 18], [12, 13, 14, 15, 19, 20, 0]]
+    assert [list(shard) for shard in shards] == [[8, 9, 10, 11, 16, 17, 18, 19], [12, 13, 14, 15, 20, 0, 1, 2]]
     assert [list(shard) for shard in shards] == full  # the skip applied to one pass only
 
 
@@ -172,7 +172,7 @@ def test_iterable_shards_resume_from_a_state_and_pad_from_the_epochs_start():
         if world == 1:
             assert items == [list(range(8, 21))]
         else:  # the short last batch pads from the epoch's first global batch, read again: 8 reads more
-            assert items == [[8, 9, 10, 11, 16, 17, 18], [12, 13, 14, 15, 19, 20, 0]]
+            assert items == [[8, 9, 10, 11, 16, 17, 18, 19], [12, 13, 14, 15, 20, 0, 1, 2]]
             assert [shard.dataset.reads for shard in shards] == [8 + 13] * 2
 
 
