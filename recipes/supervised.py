@@ -32,6 +32,7 @@ from runner.components import (
     split_batch,
 )
 from runner.engine import Accelerator, set_seed
+from runner.engine.data.dispatch import slice_rows
 from runner.layout import METRICS_FILE, MODEL_DIR
 from runner.metrics import Metrics, build_metrics
 from runner.models.adapters import trainable_parameters
@@ -57,8 +58,8 @@ def evaluate(
     Predictions (the outputs, or their logits) and targets are gathered without the last batch's
     padding, so every rank holds every sample: the loss is the mean over samples, and the metrics
     update once on the gathered tensors. A loss the model computes itself is a batch mean: it is
-    weighed by the batch's samples. ``stop_on_signal`` (runner eval): a stop signal ends it at a batch
-    (:func:`runner.preemption.stop_evaluation`).
+    weighed by the batch's samples, and at the padded last step taken over the real samples only.
+    ``stop_on_signal`` (runner eval): a stop signal ends it at a batch (:func:`runner.preemption.stop_evaluation`).
     """
     model_loss = loss_fn is None
     model.eval()
@@ -71,8 +72,10 @@ def evaluate(
             inputs, targets = split_batch(batch, model_loss=model_loss)
             outputs = forward(model, inputs, targets, model_loss=model_loss)
             if model_loss:
-                losses = compute_loss(None, outputs, None).detach().float().expand(batch_size(inputs))
-                losses = accelerator.gather_for_metrics(losses)
+                loss = compute_loss(None, outputs, None).detach().float()
+                if loader.end_of_dataloader and loader.remainder > 0:  # the padded last step, alike on every rank
+                    loss = _real_rows_loss(model, inputs, loader.real_rows(batch_size(inputs)), fallback=loss)
+                losses = accelerator.gather_for_metrics(loss.expand(batch_size(inputs)))
                 total, count = total + losses.sum(), count + len(losses)
                 if not metrics:
                     continue
@@ -85,6 +88,14 @@ def evaluate(
         preemption.stop_evaluation(accelerator)
     model.train()
     return {"eval/loss": (total / max(count, 1)).item(), **metrics.compute()}
+
+
+def _real_rows_loss(model, inputs, real: int, *, fallback: torch.Tensor) -> torch.Tensor:
+    """The model's loss over the first ``real`` rows of ``inputs``: a batch mean over the padded last step's real
+    samples only. Every rank runs this forward, so sharded models gather their parameters in step; a rank whose
+    batch is all padding runs one row and keeps ``fallback`` (its rows are dropped from the gathered losses)."""
+    loss = compute_loss(None, forward(model, slice_rows(inputs, 0, max(real, 1)), model_loss=True), None)
+    return loss.detach().float() if real else fallback
 
 
 def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:

@@ -4,7 +4,8 @@
 
 Names and behaviour follow Accelerate's public API, so a script written for it runs after changing
 its imports (``accelerate`` -> ``runner.engine``, ``accelerate.utils`` -> ``runner.engine.utils``,
-``accelerate.tracking`` -> ``runner.engine.tracking``).
+``accelerate.tracking`` -> ``runner.engine.tracking``, ``accelerate.data_loader`` -> ``runner.engine.data_loader``,
+``accelerate.state`` -> ``runner.engine.state``, ``accelerate.local_sgd`` -> ``runner.engine.local_sgd``).
 """
 
 from runner.engine.accelerator import Accelerator
@@ -24,6 +25,7 @@ from runner.engine.parallel import (
 )
 from runner.engine.precision import AutocastKwargs, GradScalerKwargs
 from runner.engine.rng import set_seed
+from runner.engine.state import PartialState
 from runner.engine.tracking import GeneralTracker, register_tracker_class
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
     "ParallelismConfig",
+    "PartialState",
     "ProjectConfiguration",
     "debug_launcher",
     "find_executable_batch_size",

@@ -11,7 +11,6 @@ and :class:`~runner.engine.tracking.verbs.TrackingVerbs` (``init_trackers``, ``l
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -27,7 +26,8 @@ from runner.engine.checkpoint.verbs import CheckpointVerbs
 from runner.engine.constants import MIXED_PRECISION_ENV
 from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader
 from runner.engine.data.loaders import prepare_data_loader
-from runner.engine.distributed import AcceleratorState, DistributedEnvironment, init_process_group, read_environment
+from runner.engine.distributed import AcceleratorState, DistributedEnvironment, join_process_group
+from runner.engine.kwargs_handlers import sort_kwargs_handlers
 from runner.engine.memory import release_memory
 from runner.engine.numerics import resolve_math_kernels
 from runner.engine.optimizer import (
@@ -53,32 +53,14 @@ from runner.engine.precision import (
     remove_autocast,
 )
 from runner.engine.processes import ProcessVerbs
-from runner.engine.profiling import ProfileKwargs, export_trace
+from runner.engine.profiling import ProfileKwargs, profiled
 from runner.engine.rng import synchronize_rng_states
 from runner.engine.tracking import GeneralTracker
 from runner.engine.tracking.thread import TrackerThread
 from runner.engine.tracking.verbs import TrackingVerbs
 
 _SCHEDULER_TYPES = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-_KWARGS_HANDLERS = (
-    DistributedDataParallelKwargs, GradScalerKwargs, AutocastKwargs, distributed.InitProcessGroupKwargs, ProfileKwargs
-)  # fmt: skip
 _PARAMETER_DTYPES = {PrecisionType.BF16: torch.bfloat16, PrecisionType.FP16: torch.float16}  # FSDP2's param_dtype
-
-
-def _sort_kwargs_handlers(handlers: list | None) -> dict[type, Any]:
-    found: dict[type, Any] = {}
-    for handler in handlers or []:
-        kind = next((k for k in _KWARGS_HANDLERS if isinstance(handler, k)), None)
-        if kind is None:
-            raise ValueError(
-                f"kwargs_handlers got {type(handler).__name__}; pass DistributedDataParallelKwargs, "
-                "GradScalerKwargs, AutocastKwargs, InitProcessGroupKwargs or ProfileKwargs."
-            )
-        if kind in found:
-            raise ValueError(f"kwargs_handlers holds two {kind.__name__}; pass one.")
-        found[kind] = handler
-    return found
 
 
 class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
@@ -141,17 +123,13 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
         tracker_process: bool = False,
     ) -> None:
         resolve_math_kernels()  # before any op this process runs on several threads (see runner.engine.numerics)
-        env = read_environment(cpu=cpu)
-        handlers = _sort_kwargs_handlers(kwargs_handlers)
-        group = handlers.get(distributed.InitProcessGroupKwargs) or distributed.InitProcessGroupKwargs()
-        if group.backend is not None:
-            env = dataclasses.replace(env, backend=group.backend)
-        init_process_group(env, timeout=group.timeout, init_method=group.init_method)
+        handlers = sort_kwargs_handlers(kwargs_handlers)
+        env = join_process_group(cpu=cpu, options=handlers.get(distributed.InitProcessGroupKwargs))
         self._set_configurations(project_config, project_dir, dataloader_config, split_batches)
         self.device_placement, self.step_scheduler_with_optimizer = device_placement, step_scheduler_with_optimizer
         self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
         self.log_with, self.tracker_process = log_with, tracker_process
-        self.profile_handler: ProfileKwargs | None = handlers.get(ProfileKwargs)
+        self.profile_handler = handlers.get(ProfileKwargs)
         if mixed_precision is None:  # as set by notebook_launcher(mixed_precision=...)
             mixed_precision = os.environ.get(MIXED_PRECISION_ENV) or None
         precision = parse_mixed_precision(mixed_precision)
@@ -326,8 +304,8 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
             process_index=self._data_parallel_rank,
             gradient_state=self.gradient_state,
             config=self.dataloader_config,
-            broadcast_seed=_rank_zeros,
-            share=_rank_zeros,
+            broadcast_seed=ops.rank_zero_value,
+            share=ops.rank_zero_value,
             on_epoch_start=self._on_epoch_start if self._syncs_rng() else None,
             comm_device=self.device if self.state.backend == "nccl" else torch.device("cpu"),
         )
@@ -421,32 +399,16 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
     # ------------------------------------------------------------------------------------- profiling
-    @contextlib.contextmanager
-    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[torch.profiler.profile]:
-        """Profile the code inside with ``torch.profiler``; yield the running profiler.
-
-        With ``output_trace_dir`` set, each process writes its Chrome trace there on exit
-        (``profile_<process_index>.json``; a relative folder is taken from the working folder), then waits
-        for the others. Nothing is written when the code inside raises.
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> contextlib.AbstractContextManager:
+        """Profile the block with ``torch.profiler`` and yield the profiler; with ``output_trace_dir``, each process
+        writes its Chrome trace there on leaving (see :func:`runner.engine.profiling.profiled`).
 
         Args:
             profile_handler: The settings for this call; None takes the ``ProfileKwargs`` given in
-                ``kwargs_handlers``, or the defaults (record every supported activity, no schedule).
-
-        Example:
-            >>> with accelerator.profile(ProfileKwargs(schedule_option={"wait": 1, "warmup": 1, "active": 1})) as prof:
-            ...     for batch in loader:
-            ...         train_step(batch)
-            ...         prof.step()
-            >>> accelerator.print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10))
+                ``kwargs_handlers``, or the defaults (every supported activity, no schedule).
         """
         handler = profile_handler or self.profile_handler or ProfileKwargs()
-        with handler.build() as profiler:
-            yield profiler
-        if handler.output_trace_dir is not None:
-            export_trace(profiler, handler.output_trace_dir, process_index=self.process_index)
-            # Once any process leaves, every process's trace is on disk (as in Accelerate).
-            self.wait_for_everyone()
+        return profiled(handler, process_index=self.process_index, wait_for_everyone=self.wait_for_everyone)
 
     # ---------------------------------------------------------------------------------------- models
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
@@ -475,8 +437,3 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
             f"Accelerator(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
             f"process_index={self.process_index}, device={self.device}, mixed_precision={self.mixed_precision})"
         )
-
-
-def _rank_zeros(value: Any) -> Any:
-    """Rank 0's ``value`` on every process (picklable; the value itself on one process)."""
-    return ops.broadcast_object_list([value])[0]

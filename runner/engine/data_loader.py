@@ -20,7 +20,7 @@ from runner.engine.data.dispatch import DispatchedDataLoader, IterableDatasetSha
 from runner.engine.data.loader import DataLoaderConfiguration, PreparedDataLoader
 from runner.engine.data.loaders import prepare_data_loader as _prepare
 from runner.engine.data.sampling import SeedableRandomSampler
-from runner.engine.ops import broadcast_object_list
+from runner.engine.ops import rank_zero_value
 from runner.engine.optimizer import GradientAccumulationPlugin, GradientState
 from runner.engine.rng import synchronize_rng_states
 
@@ -36,10 +36,6 @@ __all__ = [
     "prepare_data_loader",
     "skip_first_batches",
 ]
-
-
-def _rank_zeros(value: Any) -> Any:
-    return broadcast_object_list([value])[0]
 
 
 def prepare_data_loader(
@@ -107,8 +103,8 @@ def prepare_data_loader(
         process_index=process_index,
         gradient_state=GradientState(GradientAccumulationPlugin()),
         config=config,
-        broadcast_seed=_rank_zeros if distributed else lambda seed: seed,
-        share=_rank_zeros if distributed else lambda value: value,
+        broadcast_seed=rank_zero_value if distributed else lambda seed: seed,
+        share=rank_zero_value if distributed else lambda value: value,
         on_epoch_start=functools.partial(synchronize_rng_states, synced) if distributed and synced else None,
         comm_device=device if distributed and dist.get_backend() == "nccl" and device is not None else cpu,
     )

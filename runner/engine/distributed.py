@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import enum
 import json
 import os
@@ -252,6 +253,17 @@ def init_process_group(
     dist.init_process_group(**kwargs)
     atexit.register(_destroy_process_group)
     record_uncaught_errors()
+
+
+def join_process_group(*, cpu: bool, options: InitProcessGroupKwargs | None = None) -> DistributedEnvironment:
+    """Read this process's environment and join its process group (once per process), with ``options``'
+    backend, init method and timeout; returns the environment."""
+    options = options or InitProcessGroupKwargs()
+    env = read_environment(cpu=cpu)
+    if options.backend is not None:
+        env = dataclasses.replace(env, backend=options.backend)
+    init_process_group(env, timeout=options.timeout, init_method=options.init_method)
+    return env
 
 
 def record_uncaught_errors() -> None:

@@ -10,7 +10,8 @@ yes, :func:`gather` (and so ``gather_for_metrics``), :func:`reduce`, :func:`broa
 all-gather. Where they cannot work together (different shapes; for padding, different numbers of
 dimensions) every rank raises the same :class:`DistributedOperationException`, naming the operation
 and each process's shapes, instead of hanging in the collective until the timeout. Without it they
-add no collective; the environment is read on each call, so it can be switched on mid-run.
+add no collective; the environment is read on each call, so it can be switched on mid-run, as can
+``PartialState().debug = True`` (:func:`set_debug_mode`).
 """
 
 from __future__ import annotations
@@ -41,8 +42,20 @@ class DistributedOperationException(Exception):
     """
 
 
+_debug_mode: bool | None = None  # set by PartialState().debug = ...; None: the environment decides
+
+
+def set_debug_mode(on: bool | None) -> None:
+    """Switch debug mode on or off for this process (``PartialState().debug``); None: the environment decides."""
+    global _debug_mode
+    _debug_mode = on
+
+
 def is_debug_mode() -> bool:
-    """Whether ``ACCELERATE_DEBUG_MODE`` or ``RUNNER_DEBUG_MODE`` is ``1``, ``true`` or ``yes`` (any case)."""
+    """Whether debug mode was switched on (:func:`set_debug_mode`), else whether ``ACCELERATE_DEBUG_MODE`` or
+    ``RUNNER_DEBUG_MODE`` is ``1``, ``true`` or ``yes`` (any case)."""
+    if _debug_mode is not None:
+        return _debug_mode
     names = (DEBUG_MODE_ENV, ACCELERATE_DEBUG_MODE_ENV)
     return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes") for name in names)
 
@@ -160,6 +173,11 @@ def gather_object(obj: list[Any], group: Any = None) -> list[Any]:
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, list(obj), group=group)
     return [item for per_rank in gathered for item in per_rank]
+
+
+def rank_zero_value(value: Any) -> Any:
+    """Rank 0's ``value`` on every process (picklable; the value itself on one process)."""
+    return broadcast_object_list([value])[0]
 
 
 def broadcast(tensor: Any, from_process: int = 0) -> Any:

@@ -1,9 +1,9 @@
 """The Accelerator's verbs about its processes: which one this is, what each runs, and what they exchange.
 
 :class:`ProcessVerbs` is mixed into :class:`~runner.engine.accelerator.Accelerator`: where this process runs
-(rank, device, mesh, the data-parallel ranks), the collectives over the data-parallel ranks (``gather``,
-``gather_for_metrics``, ``reduce``, the trigger), running a block or a function on some processes only, and
-``join_uneven_inputs``. Each verb delegates to :mod:`runner.engine.ops` (the collectives),
+(the mesh and the data-parallel ranks, beyond :class:`~runner.engine.placement.ProcessPlacement`'s rank and
+device), the collectives over the data-parallel ranks (``gather``, ``gather_for_metrics``, ``reduce``, the
+trigger) and ``join_uneven_inputs``. Each verb delegates to :mod:`runner.engine.ops` (the collectives),
 :mod:`runner.engine.distributed` (the processes) or the parallel strategy. It reads the attributes its class
 body declares, which the Accelerator sets; it may import those modules and torch.
 """
@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,7 +21,8 @@ from torch.distributed.algorithms import Join
 
 from runner.engine import ops
 from runner.engine.data.dispatch import DispatchedDataLoader
-from runner.engine.distributed import AcceleratorState, DistributedType, barrier
+from runner.engine.distributed import AcceleratorState, DistributedType
+from runner.engine.placement import ProcessPlacement
 
 if TYPE_CHECKING:
     from runner.engine.data import PreparedDataLoader
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from runner.engine.parallel.base import ParallelStrategy
 
 
-class ProcessVerbs:
+class ProcessVerbs(ProcessPlacement):
     """Rank, device and mesh; collectives; running on some processes only (a mixin of the Accelerator)."""
 
     state: AcceleratorState
@@ -40,38 +40,6 @@ class ProcessVerbs:
     _strategy: ParallelStrategy
     _dataloaders: list[PreparedDataLoader]
     _trigger_set: bool
-
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    @property
-    def process_index(self) -> int:
-        return self.state.rank
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_rank
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.world_size
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.state.is_last_process
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        return self.state.distributed_type
 
     @property
     def torch_device_mesh(self):
@@ -97,10 +65,6 @@ class ProcessVerbs:
     def _data_parallel_group(self):
         """The process group of the data-parallel ranks, where tensor parallelism groups processes; else None."""
         return getattr(self._strategy, "data_parallel_group", None)
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.state.is_distributed
 
     def gather(self, tensor: Any) -> Any:
         """Concatenate ``tensor`` (or a nest of them) from all processes along dim 0, detached from autograd.
@@ -145,10 +109,6 @@ class ProcessVerbs:
             ValueError: ``reduction`` is not one of those names.
         """
         return ops.reduce(tensor, reduction=reduction, scale=scale, group=self._data_parallel_group)
-
-    def wait_for_everyone(self) -> None:
-        """Block until every process reaches this point."""
-        barrier(self.state)
 
     def set_trigger(self) -> None:
         """Raise this process's flag; the next :meth:`check_trigger` then returns True on every process.
@@ -207,98 +167,32 @@ class ProcessVerbs:
             )
             yield
             return
-        overridden, kept = [], []
-        for loader in self._dataloaders if even_batches is not None else ():
-            batches = getattr(loader, "batches", loader.batch_sampler)  # whose passes the setting shapes
-            if isinstance(loader, DispatchedDataLoader) or not hasattr(batches, "even_batches"):
-                kept.append(type(loader.dataset).__name__)
-                continue
-            overridden.append((loader, batches, loader.sharding))
-            batches.even_batches = even_batches
-            loader.sharding = dataclasses.replace(loader.sharding, even_batches=even_batches)
-        if kept:
-            warnings.warn(
-                f"join_uneven_inputs(even_batches={even_batches}) overrides the loaders each process reads itself; "
-                f"the loaders over {', '.join(kept)} (dispatched by rank 0, or streamed) keep their even_batches.",
-                stacklevel=3,
-            )
-        try:
-            # Always on under DDP, as in Accelerate: a loader this Accelerator did not prepare may be uneven too.
-            with Join(joinables, enable=True, throw_on_early_termination=False):
-                yield
-        finally:
-            for loader, batches, sharding in overridden:
-                batches.even_batches = sharding.even_batches
-                loader.sharding = sharding
-
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
-        """Run the block on the main process first (to download or cache), then on the others."""
-        with self._first(self.is_main_process):
+        # Always on under DDP, as in Accelerate: a loader this Accelerator did not prepare may be uneven too.
+        with _even_batches(self._dataloaders, even_batches), Join(joinables, throw_on_early_termination=False):
             yield
 
-    @contextlib.contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
-        """Run the block on each node's main process first, then on the node's other processes."""
-        with self._first(self.is_local_main_process):
-            yield
 
-    @contextlib.contextmanager
-    def _first(self, is_first: bool) -> Iterator[None]:
-        if not is_first:
-            self.wait_for_everyone()
-        yield
-        if is_first:
-            self.wait_for_everyone()
-
-    @contextlib.contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Give each process its contiguous share of ``inputs`` (list, tuple, tensor, or dict of them).
-
-        Example:
-            >>> with accelerator.split_between_processes(prompts) as mine:
-            ...     outputs = [generate(prompt) for prompt in mine]
-        """
-        yield ops.split_between_processes(
-            inputs,
-            num_processes=self._data_parallel_size,
-            process_index=self._data_parallel_rank,
-            apply_padding=apply_padding,
+@contextlib.contextmanager
+def _even_batches(loaders: list[PreparedDataLoader], even_batches: bool | None) -> Iterator[None]:
+    """``join_uneven_inputs``' override of the loaders' ``even_batches`` (None: none), put back on leaving."""
+    overridden, kept = [], []
+    for loader in loaders if even_batches is not None else ():
+        batches = getattr(loader, "batches", loader.batch_sampler)  # whose passes the setting shapes
+        if isinstance(loader, DispatchedDataLoader) or not hasattr(batches, "even_batches"):
+            kept.append(type(loader.dataset).__name__)
+            continue
+        overridden.append((loader, batches, loader.sharding))
+        batches.even_batches = even_batches
+        loader.sharding = dataclasses.replace(loader.sharding, even_batches=even_batches)
+    if kept:
+        warnings.warn(
+            f"join_uneven_inputs(even_batches={even_batches}) overrides the loaders each process reads itself; "
+            f"the loaders over {', '.join(kept)} (dispatched by rank 0, or streamed) keep their even_batches.",
+            stacklevel=4,
         )
-
-    def on_main_process(self, function: Callable) -> Callable:
-        """Decorate ``function`` to run on the main process only (elsewhere it returns None)."""
-        return _only_when(function, lambda: self.is_main_process)
-
-    def on_local_main_process(self, function: Callable) -> Callable:
-        """Decorate ``function`` to run on each node's main process only."""
-        return _only_when(function, lambda: self.is_local_main_process)
-
-    def on_last_process(self, function: Callable) -> Callable:
-        """Decorate ``function`` to run on the last process only (the only one, without distribution)."""
-        return _only_when(function, lambda: self.is_last_process)
-
-    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
-        """Decorate ``function`` to run on process ``process_index`` only."""
-        if function is None:
-            return functools.partial(self.on_process, process_index=process_index)
-        return _only_when(function, lambda: self.process_index == process_index)
-
-    def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None) -> Callable:
-        """Decorate ``function`` to run on local process ``local_process_index`` of each node only."""
-        if function is None:
-            return functools.partial(self.on_local_process, local_process_index=local_process_index)
-        return _only_when(function, lambda: self.local_process_index == local_process_index)
-
-    def print(self, *args, **kwargs) -> None:
-        """``print`` on the main process only."""
-        if self.is_main_process:
-            print(*args, **kwargs)
-
-
-def _only_when(function: Callable, condition: Callable[[], bool]) -> Callable:
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        return function(*args, **kwargs) if condition() else None
-
-    return wrapper
+    try:
+        yield
+    finally:
+        for loader, batches, sharding in overridden:
+            batches.even_batches = sharding.even_batches
+            loader.sharding = sharding

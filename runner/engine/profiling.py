@@ -10,10 +10,11 @@ Each process writes its own Chrome trace, named by :data:`PROFILE_TRACE_PATTERN`
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,3 +150,27 @@ def export_trace(profiler: torch.profiler.profile, folder: str | os.PathLike, *,
     path.parent.mkdir(parents=True, exist_ok=True)
     profiler.export_chrome_trace(str(path))
     return path
+
+
+@contextlib.contextmanager
+def profiled(
+    handler: ProfileKwargs, *, process_index: int, wait_for_everyone: Callable[[], None]
+) -> Iterator[torch.profiler.profile]:
+    """``accelerator.profile``: profile the block with ``handler``'s profiler and yield it.
+
+    With ``output_trace_dir`` set, each process writes its Chrome trace there on leaving
+    (``profile_<process_index>.json``; a relative folder is taken from the working folder), then waits
+    for the others. Nothing is written when the block raises.
+
+    Example:
+        >>> with accelerator.profile(ProfileKwargs(schedule_option={"wait": 1, "warmup": 1, "active": 1})) as prof:
+        ...     for batch in loader:
+        ...         train_step(batch)
+        ...         prof.step()
+        >>> accelerator.print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10))
+    """
+    with handler.build() as profiler:
+        yield profiler
+    if handler.output_trace_dir is not None:
+        export_trace(profiler, handler.output_trace_dir, process_index=process_index)
+        wait_for_everyone()  # once any process leaves, every process's trace is on disk (as in Accelerate)

@@ -154,3 +154,26 @@ def test_accelerator_state_says_whether_debug_mode_was_on(monkeypatch):
     assert state.debug is True
     with pytest.raises(AttributeError):
         state.debug = False  # immutable, as the rest of the state
+
+
+def _partial_state_switches_debug_mode():
+    from runner.engine import PartialState
+    from runner.engine.utils import pad_across_processes
+
+    accelerator = Accelerator()
+    state = PartialState()
+    agrees = [getattr(state, name) for name in ("num_processes", "process_index", "device", "distributed_type")] == [
+        getattr(accelerator, name) for name in ("num_processes", "process_index", "device", "distributed_type")
+    ]
+    mismatched = torch.zeros(1, 5) if state.process_index == 0 else torch.zeros(1, 1, 6)  # as Accelerate's test_ops
+    state.debug = True  # Accelerate's switch: every collective of the process checks first
+    try:
+        checked = _error(pad_across_processes, mismatched, dim=0)
+    finally:
+        PartialState._reset_state()
+    return {"agrees": agrees, "checked": checked is not None, "debug_after_reset": is_debug_mode()}
+
+
+def test_partial_state_agrees_with_the_accelerator_and_switches_debug_mode(launch):
+    for rank in launch(_partial_state_switches_debug_mode):
+        assert rank == {"agrees": True, "checked": True, "debug_after_reset": False}

@@ -96,7 +96,7 @@ _POSITION_FIELDS = {
 }
 _LOADER_FIELDS = {"epoch": (_count, _COUNT), "samples_seen": (_count, _COUNT)}
 _BATCH_LOADER_FIELDS = {"batches_seen": (_count, _COUNT)}  # a loader that keeps the user's batches whole
-# What a plain shuffle drew its pass from (runner.engine.data.sampling.PlainShuffle).
+# What a plain shuffle drew its pass from (runner.engine.data.shuffles.PlainShuffle).
 _SHUFFLE_FIELDS = {
     "generators": (
         lambda value: isinstance(value, list) and all(isinstance(state, str) for state in value),
@@ -104,6 +104,8 @@ _SHUFFLE_FIELDS = {
     ),
     "draw_seed": (lambda value: value is None or type(value) is int, "an integer or null"),
     "replay": (lambda value: isinstance(value, bool), "true or false"),
+    "global_state": (lambda value: isinstance(value, str), "a string"),
+    "persistent": (lambda value: isinstance(value, bool), "true or false"),
 }
 _CONTENTS_FIELDS = {
     **dict.fromkeys(("models", "optimizers", "schedulers", "custom_objects", "dataloaders"), (_count, _COUNT)),

@@ -2,7 +2,8 @@
 and where a loader keeps its position in the data.
 
 - :mod:`~runner.engine.data.sampling`: the sharding arithmetic (global batches, padding) and the seeded
-  samplers and shuffles.
+  samplers.
+- :mod:`~runner.engine.data.shuffles`: each pass's order drawn as the unprepared loader draws it.
 - :mod:`~runner.engine.data.batch_shards`: a user's batch sampler, sharded by whole batches.
 - :mod:`~runner.engine.data.loader`: the prepared loader, its configuration and its position (``state_dict``).
 - :mod:`~runner.engine.data.dispatch`: streams read on each rank, and batches rank 0 loads and sends.
@@ -19,7 +20,6 @@ from runner.engine.data.batch_shards import BatchSamplerShard
 from runner.engine.data.dispatch import DispatchedDataLoader, IterableDatasetShard
 from runner.engine.data.loader import BatchShardedDataLoader, DataLoaderConfiguration, PreparedDataLoader
 from runner.engine.data.sampling import (
-    PlainShuffle,
     SeedableRandomSampler,
     SeededBatch,
     ShardedBatchSampler,
@@ -28,6 +28,7 @@ from runner.engine.data.sampling import (
     seed_generators,
     seeded_worker_init_fn,
 )
+from runner.engine.data.shuffles import PlainShuffle
 from runner.engine.data_loader import prepare_data_loader, skip_first_batches  # Accelerate's signatures
 
 __all__ = [

@@ -22,7 +22,8 @@ from torch.utils.data import DataLoader
 
 from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.data.batch_shards import BatchSamplerShard
-from runner.engine.data.sampling import PlainShuffle, SeedableRandomSampler, Sharding, int64_draw
+from runner.engine.data.sampling import SeedableRandomSampler, Sharding
+from runner.engine.data.shuffles import PlainShuffle, int64_draw
 from runner.engine.data.stream_states import check_stream_state
 from runner.engine.ops import send_to_device
 
@@ -264,6 +265,17 @@ class PreparedDataLoader(DataLoader):
                 type(dataset).__name__, skip, why,
             )  # fmt: skip
         return None
+
+    def real_rows(self, rows: int) -> int:
+        """How many of the ``rows`` rows of the batch just handed out are samples, not ``even_batches`` padding: all
+        but in the padded last step, where the padding ends each rank's batch (and the global batch).
+
+        A loss a model computes over a whole batch averages its padding in; at that step (``end_of_dataloader``
+        with ``remainder > 0``, on every rank alike) evaluate the first ``real_rows`` rows again for the real mean.
+        """
+        if not self.end_of_dataloader or self.remainder <= 0:
+            return rows
+        return self.sharding.real_rows(self.remainder, rows)
 
     def _to_device(self, batch: Any) -> Any:
         if not self._moves_batches:

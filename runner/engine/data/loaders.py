@@ -18,13 +18,12 @@ from runner.engine.data import dispatch, worker_streams
 from runner.engine.data.batch_shards import BatchSamplerShard
 from runner.engine.data.loader import BatchShardedDataLoader, DataLoaderConfiguration, PreparedDataLoader
 from runner.engine.data.sampling import (
-    PlainShuffle,
     SeedableRandomSampler,
     ShardedBatchSampler,
     Sharding,
-    int64_draw,
     seeded_worker_init_fn,
 )
+from runner.engine.data.shuffles import PlainShuffle, int64_draw
 
 _LOADER_OPTIONS = (
     "num_workers",

@@ -180,3 +180,28 @@ def test_a_seedable_sampler_in_a_plain_loader_moves_to_the_next_epoch_after_each
     expected = [torch.randperm(10, generator=torch.Generator().manual_seed(3 + epoch)).tolist() for epoch in (0, 1)]
     assert passes == expected and sampler.epoch == 2
     assert isinstance(sampler, torch.utils.data.RandomSampler) and sampler.initial_seed == 3  # Accelerate's names
+
+
+def test_partial_state_is_one_shared_state_with_accelerates_verbs():
+    from runner.engine import PartialState, ops
+
+    PartialState._reset_state()
+    try:
+        first, second = PartialState(), PartialState()
+        facts = (first.num_processes, first.process_index, first.distributed_type, first.is_main_process)
+        assert facts == (1, 0, DistributedType.NO, True) and first.device == Accelerator().device
+        assert not first.debug and not ops.is_debug_mode()
+        second.debug = True  # one state: the first sees it, and so do the collectives
+        assert first.debug and ops.is_debug_mode()
+        with first.split_between_processes([1, 2, 3]) as mine:
+            assert mine == [1, 2, 3]
+        assert first.on_main_process(lambda: "ran")() == "ran"
+        PartialState._reset_state()
+        assert not ops.is_debug_mode()
+        with pytest.raises(ValueError) as refused:
+            PartialState(cpu=True, bogus=1)
+        assert str(refused.value) == (
+            "PartialState got unknown arguments ['bogus']; it takes cpu, backend, init_method and timeout."
+        )
+    finally:
+        PartialState._reset_state()

@@ -26,6 +26,7 @@ ENGINE = [
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
     "ParallelismConfig",
+    "PartialState",
     "ProjectConfiguration",
     "debug_launcher",
     "find_executable_batch_size",
@@ -107,6 +108,7 @@ IMPORTED_FROM = {
     "runner.engine.data": ["DataLoaderConfiguration", "SeedableRandomSampler", "prepare_data_loader"],
     "runner.engine.dispatch": ["DispatchedDataLoader", "IterableDatasetShard"],
     "runner.engine.local_sgd": ["LocalSGD"],
+    "runner.engine.state": ["AcceleratorState", "GradientState", "PartialState"],
 }
 # accelerate.data_loader.prepare_data_loader's parameters, in order: positional calls port unchanged.
 PREPARE_DATA_LOADER = [

@@ -3,7 +3,7 @@ import torch
 from torch.utils.data import DataLoader, SequentialSampler, TensorDataset
 
 from runner.engine import Accelerator, DataLoaderConfiguration
-from runner.engine.data import SeedableRandomSampler, ShardedBatchSampler, batch_seed
+from runner.engine.data import SeedableRandomSampler, ShardedBatchSampler, Sharding, batch_seed
 
 
 def samplers(n, batch_size, world, **kwargs):
@@ -235,3 +235,14 @@ def test_a_plain_shuffles_position_that_does_not_fit_the_loader_is_one_sentence(
     resumed = prepared(Accelerator(), torch.Generator().manual_seed(99))
     resumed.load_state_dict(state)
     assert [b[0].tolist() for b in resumed] == [b[0].tolist() for b in first_pass]
+
+
+def test_real_rows_count_each_ranks_samples_before_the_padding():
+    whole = [Sharding(4, 2, rank) for rank in (0, 1)]  # 5 real samples padded to 8: rank 0's 4, rank 1's first
+    assert [sharding.real_rows(5, 4) for sharding in whole] == [4, 1]
+    assert [sharding.real_rows(3, 4) for sharding in whole] == [3, 0]
+    dispatched = [Sharding(4, 2, rank, dispatched=True) for rank in (0, 1)]  # 5 padded to 6, rows of 3
+    assert [sharding.real_rows(5, 3) for sharding in dispatched] == [3, 2]
+    accelerator = Accelerator()
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(5)), batch_size=4))
+    assert [loader.real_rows(len(batch)) for (batch,) in loader] == [4, 1]  # one process: never padded
