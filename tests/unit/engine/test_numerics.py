@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from runner.engine import Accelerator, accelerator, numerics
+from runner.engine import Accelerator, accelerator, distributed, numerics
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch was built without MKL")
 
@@ -24,7 +24,7 @@ def test_every_vector_math_function_is_called_once_on_one_element_of_each_float_
 def test_an_accelerator_resolves_them_before_it_sets_anything_up(monkeypatch):
     order = []
     monkeypatch.setattr(accelerator, "resolve_math_kernels", lambda: order.append("resolve"))
-    real = accelerator.read_environment
-    monkeypatch.setattr(accelerator, "read_environment", lambda **kw: order.append("environment") or real(**kw))
+    real = distributed.read_environment
+    monkeypatch.setattr(distributed, "read_environment", lambda **kw: order.append("environment") or real(**kw))
     Accelerator(cpu=True)
     assert order == ["resolve", "environment"]
