@@ -103,9 +103,41 @@ def run_scenario(api: SimpleNamespace, scenario: str) -> dict[str, Any]:
     return record
 
 
+def run_training(api: SimpleNamespace) -> dict[str, Any]:
+    """A small model with dropout trained two epochs (accumulating 2 batches) and evaluated after each: every step's
+    loss, every evaluation's gathered per-sample losses, and the final weights."""
+    api.set_seed(SEED)
+    data = TensorDataset(torch.randn(TRAIN_SAMPLES, 4), torch.randn(TRAIN_SAMPLES, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    accelerator = api.Accelerator(cpu=True, gradient_accumulation_steps=2)
+    train = DataLoader(data, batch_size=4, shuffle=True)
+    evaluation = DataLoader(data, batch_size=4)
+    model, optimizer, train, evaluation = accelerator.prepare(model, optimizer, train, evaluation)
+    record: dict[str, Any] = {"losses": [], "evaluations": []}
+    for _ in range(EPOCHS):
+        model.train()
+        for inputs, targets in train:
+            with accelerator.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(inputs), targets)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            record["losses"].append(loss.item())
+        model.eval()
+        with torch.no_grad():
+            losses = [
+                accelerator.gather_for_metrics(torch.nn.functional.mse_loss(model(x), y, reduction="none")).flatten()
+                for x, y in evaluation
+            ]
+        record["evaluations"].append(torch.cat(losses).tolist())
+    record["weights"] = [value.flatten().tolist() for value in accelerator.unwrap_model(model).state_dict().values()]
+    return record
+
+
 def record(api: SimpleNamespace) -> dict[str, Any]:
-    """Every scenario's record on this rank."""
-    return {scenario: run_scenario(api, scenario) for scenario in SCENARIOS}
+    """Every scenario's record on this rank, and the training's."""
+    return {**{scenario: run_scenario(api, scenario) for scenario in SCENARIOS}, "training": run_training(api)}
 
 
 def runner_api() -> SimpleNamespace:

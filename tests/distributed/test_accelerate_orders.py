@@ -14,6 +14,8 @@ def test_prepared_loaders_give_accelerates_batches_and_random_stream(launch, npr
     for rank, (ours, theirs) in enumerate(zip(ranks, expected, strict=True)):
         for scenario in SCENARIOS:
             assert ours[scenario] == theirs[scenario], f"rank {rank}, {scenario}"
+        # The same data and random streams train to Accelerate's numbers: every loss, every evaluation, the weights.
+        assert ours["training"] == theirs["training"], f"rank {rank}, training"
 
 
 def _standalone_seedable_order():
