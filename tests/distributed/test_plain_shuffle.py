@@ -76,3 +76,33 @@ def test_two_ranks_deal_out_the_plain_loaders_order_and_resume_it_on_any_world_s
     fourth = [i for batch in with_generator[3] for i in batch]
     chunks = [remaining[i : i + PER_RANK] for i in range(0, len(remaining), PER_RANK)]
     assert alone == chunks + [fourth[i : i + PER_RANK] for i in range(0, SAMPLES, PER_RANK)]
+
+
+def _saved_alone(folder):
+    """One process, no generator: a pass saved after 2 batches of 6 (each pass draws a new generator's seed)."""
+    torch.manual_seed(100)
+    accelerator = Accelerator(project_dir=folder)
+    loader = accelerator.prepare(_plain(None, 2 * PER_RANK))
+    passes = _epochs(loader, epochs=1)
+    third = iter(loader)
+    saved = [next(third).tolist() for _ in range(2)]
+    accelerator.save_state(f"{folder}/checkpoint")
+    return passes, saved + [batch.tolist() for batch in third]
+
+
+def _resumed_on_two(folder):
+    accelerator = Accelerator(project_dir=folder)
+    loader = accelerator.prepare(_plain(None, PER_RANK))  # on two processes it gets a generator of its own
+    accelerator.load_state(f"{folder}/checkpoint")
+    return [batch.tolist() for batch in loader], [batch.tolist() for batch in loader]
+
+
+def test_a_pass_saved_by_one_process_continues_on_two_in_the_saved_runs_way_of_drawing(launch, tmp_path):
+    _, second = _saved_alone(str(tmp_path))
+    rest = [i for batch in second[2:] for i in batch]  # the 12 samples after the saved position
+    ranks = launch(_resumed_on_two, str(tmp_path))
+    for rank, (resumed, _) in enumerate(ranks):
+        assert resumed == [rest[i + rank * PER_RANK : i + (rank + 1) * PER_RANK] for i in range(0, 12, 2 * PER_RANK)]
+    # The next pass draws a new generator's seed, rank 0's, as the saved run did: one order cut between the ranks.
+    after = [ranks[0][1][step] + ranks[1][1][step] for step in range(len(ranks[0][1]))]
+    assert sorted(i for batch in after for i in batch) == list(range(SAMPLES))

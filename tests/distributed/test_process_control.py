@@ -117,3 +117,23 @@ def test_copy_tensor_to_devices_sends_one_process_tensor_to_all(launch):
 def test_copy_tensor_to_devices_refuses_two_holders_on_every_rank(launch):
     rank0, rank1 = launch(_copy, [0, 1])
     assert rank0 == rank1 and "exactly one process" in rank0 and "[0, 1]" in rank0
+
+
+def _join_over_a_dispatched_loader():
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+    model = _linear(accelerator, [1.0])
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(5.0)), batch_size=1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with accelerator.join_uneven_inputs([model], even_batches=False):
+            inside = loader.sharding.even_batches
+    return inside, [str(w.message) for w in caught if "join_uneven_inputs" in str(w.message)]
+
+
+def test_join_uneven_inputs_leaves_a_dispatched_loaders_even_batches_and_says_so(launch):
+    for inside, said in launch(_join_over_a_dispatched_loader):
+        assert inside is True
+        assert said == [
+            "join_uneven_inputs(even_batches=False) overrides the loaders each process reads itself; the loaders "
+            "over TensorDataset (dispatched by rank 0, or streamed) keep their even_batches."
+        ]

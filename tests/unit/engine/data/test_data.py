@@ -1,6 +1,6 @@
 import pytest
 import torch
-from torch.utils.data import DataLoader, SequentialSampler, TensorDataset
+from torch.utils.data import DataLoader, SequentialSampler, SubsetRandomSampler, TensorDataset
 
 from runner.engine import Accelerator, DataLoaderConfiguration
 from runner.engine.data import SeedableRandomSampler, ShardedBatchSampler, Sharding, batch_seed
@@ -246,3 +246,36 @@ def test_real_rows_count_each_ranks_samples_before_the_padding():
     accelerator = Accelerator()
     loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(5)), batch_size=4))
     assert [loader.real_rows(len(batch)) for (batch,) in loader] == [4, 1]  # one process: never padded
+
+
+def _subset_run(folder, *, stop=None, resume=False):
+    """Two epochs over a SubsetRandomSampler, which draws from torch's generator itself; saved after ``stop``
+    batches, or resumed from that save. Returns the batches and torch's next draw after the last pass."""
+    torch.manual_seed(5)
+    accelerator = Accelerator()
+    loader = accelerator.prepare(
+        DataLoader(TensorDataset(torch.arange(12)), batch_size=2, sampler=SubsetRandomSampler(range(12)))
+    )
+    if resume:
+        accelerator.load_state(f"{folder}/checkpoint")
+    seen = []
+    for _ in range(1 if resume else 2):
+        for (batch,) in loader:
+            seen.append(batch.tolist())
+            if len(seen) == stop:
+                accelerator.save_state(f"{folder}/checkpoint")
+                return seen, None
+    if resume:  # the rest of the saved epoch was the pass above; then the next epoch
+        seen += [batch.tolist() for (batch,) in loader]
+    return seen, torch.rand(1).item()
+
+
+def test_a_subset_random_samplers_pass_resumes_from_torchs_generator_as_the_pass_began(tmp_path):
+    full, after = _subset_run(tmp_path / "full")
+    plain_generator = torch.manual_seed(5)
+    plain = DataLoader(range(12), batch_size=2, sampler=SubsetRandomSampler(range(12)))
+    assert full == [batch.tolist() for _ in range(2) for batch in plain]  # the plain loader's draws
+    assert after == torch.rand(1, generator=plain_generator).item()
+    first, _ = _subset_run(tmp_path, stop=3)
+    rest, resumed_after = _subset_run(tmp_path, resume=True)
+    assert first + rest == full and resumed_after == after
