@@ -19,6 +19,7 @@ import time
 import traceback
 from dataclasses import dataclass, fields
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -155,6 +156,11 @@ class AcceleratorState(DistributedEnvironment):
     @property
     def distributed_type(self) -> DistributedType:
         return DistributedType.FSDP if self.fsdp else super().distributed_type
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Leave the process group (``group``, or the default one) if this process is in one (Accelerate's verb)."""
+        if self.is_distributed and dist.is_initialized():
+            dist.destroy_process_group(group)
 
 
 def _int_env(name: str, default: int) -> int:

@@ -31,3 +31,25 @@ def patch_environment(**kwargs: Any) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+_TRUE = ("y", "yes", "t", "true", "on", "1")
+_FALSE = ("n", "no", "f", "false", "off", "0")
+
+
+def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
+    """``1`` (or True) for ``y``, ``yes``, ``t``, ``true``, ``on``, ``1``; ``0`` (or False) for their opposites.
+
+    Raises:
+        ValueError: Any other string.
+    """
+    lowered = value.strip().lower()
+    if lowered not in _TRUE + _FALSE:
+        raise ValueError(f"invalid truth value {value!r}; use one of {', '.join(_TRUE + _FALSE)}.")
+    truth = lowered in _TRUE
+    return truth if to_bool else int(truth)
+
+
+def parse_flag_from_env(key: str, default: bool = False) -> bool:
+    """Whether the environment variable ``key`` says yes (see :func:`str_to_bool`); ``default`` when it is unset."""
+    return str_to_bool(os.environ.get(key, str(default))) == 1

@@ -139,3 +139,31 @@ def is_bf16_available(ignore_tpu: bool = False) -> bool:
     if is_mps_available():
         return torch.backends.mps.is_macos_or_newer(14, 0)
     return True
+
+
+def is_pytest_available() -> bool:
+    return _is_package_available("pytest")
+
+
+def is_hpu_available() -> bool:
+    """Whether Habana's ``habana_frameworks.torch`` is installed (Gaudi); this engine runs nothing on it."""
+    return importlib.util.find_spec("habana_frameworks") is not None and (
+        importlib.util.find_spec("habana_frameworks.torch") is not None
+    )
+
+
+def is_fp16_available() -> bool:
+    """Whether fp16 can be used: wherever torch runs (slowly on the CPU, see ``Fp16OnCpuWarning``)."""
+    return True
+
+
+def get_torch_accelerator_backend(check_available: bool = True) -> tuple[str | None, object | None]:
+    """The accelerator torch sees and its module (``("cuda", torch.cuda)``), or ``(None, None)`` on a CPU-only
+    machine (Accelerate's probe); ``check_available=False`` names it without asking whether a device is usable."""
+    device = (
+        torch.accelerator.current_accelerator() if torch.accelerator.is_available() or not check_available else None
+    )
+    if device is None:
+        return None, None
+    native = device.type in {"cuda", "mps", "xpu", "npu", "hpu"}
+    return device.type, torch.get_device_module(device.type) if native else torch.accelerator

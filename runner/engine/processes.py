@@ -186,8 +186,9 @@ def _even_batches(loaders: list[PreparedDataLoader], even_batches: bool | None) 
         loader.sharding = dataclasses.replace(loader.sharding, even_batches=even_batches)
     if kept:
         warnings.warn(
-            f"join_uneven_inputs(even_batches={even_batches}) overrides the loaders each process reads itself; "
-            f"the loaders over {', '.join(kept)} (dispatched by rank 0, or streamed) keep their even_batches.",
+            f"join_uneven_inputs(even_batches={even_batches}): overriding even_batches is only supported for map-style "
+            f"datasets each process reads itself; the loaders over {', '.join(kept)} (dispatched by rank 0, or "
+            "streamed) keep theirs.",
             stacklevel=4,
         )
     try:

@@ -5,15 +5,19 @@ from runner.engine.checkpoint.merge import merge_fsdp_weights
 from runner.engine.checkpoint.serialization import load_checkpoint_in_model
 from runner.engine.data import DataLoaderConfiguration
 from runner.engine.distributed import DistributedType, InitProcessGroupKwargs
-from runner.engine.environment import patch_environment
+from runner.engine.environment import parse_flag_from_env, patch_environment, str_to_bool
 from runner.engine.imports import (
+    get_torch_accelerator_backend,
     is_bf16_available,
     is_cuda_available,
     is_datasets_available,
     is_deepspeed_available,
+    is_fp16_available,
+    is_hpu_available,
     is_mlflow_available,
     is_mps_available,
     is_npu_available,
+    is_pytest_available,
     is_schedulefree_available,
     is_tensorboard_available,
     is_torch_xla_available,
@@ -66,13 +70,17 @@ __all__ = [
     "find_executable_batch_size",
     "gather",
     "gather_object",
+    "get_torch_accelerator_backend",
     "is_bf16_available",
     "is_cuda_available",
     "is_datasets_available",
     "is_deepspeed_available",
+    "is_fp16_available",
+    "is_hpu_available",
     "is_mlflow_available",
     "is_mps_available",
     "is_npu_available",
+    "is_pytest_available",
     "is_schedulefree_available",
     "is_tensorboard_available",
     "is_torch_xla_available",
@@ -84,11 +92,13 @@ __all__ = [
     "merge_fsdp_weights",
     "notebook_launcher",
     "pad_across_processes",
+    "parse_flag_from_env",
     "patch_environment",
     "reduce",
     "release_memory",
     "send_to_device",
     "set_seed",
     "should_reduce_batch_size",
+    "str_to_bool",
     "synchronize_rng_states",
 ]

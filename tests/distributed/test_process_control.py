@@ -134,6 +134,7 @@ def test_join_uneven_inputs_leaves_a_dispatched_loaders_even_batches_and_says_so
     for inside, said in launch(_join_over_a_dispatched_loader):
         assert inside is True
         assert said == [
-            "join_uneven_inputs(even_batches=False) overrides the loaders each process reads itself; the loaders "
-            "over TensorDataset (dispatched by rank 0, or streamed) keep their even_batches."
+            "join_uneven_inputs(even_batches=False): overriding even_batches is only supported for map-style "
+            "datasets each process reads itself; the loaders over TensorDataset (dispatched by rank 0, or streamed) "
+            "keep theirs."
         ]

@@ -18,6 +18,8 @@ PACKAGE_PROBES = {
     "is_wandb_available": "wandb",
     "is_mlflow_available": "mlflow",
     "is_schedulefree_available": "schedulefree",
+    "is_pytest_available": "pytest",
+    "is_hpu_available": "habana_frameworks",
 }
 
 
@@ -65,3 +67,9 @@ def test_torch_xla_probe_can_be_switched_off_and_refuses_two_device_checks(monke
     assert utils.is_torch_xla_available() is False
     with pytest.raises(ValueError, match="not both"):
         utils.is_torch_xla_available(check_is_tpu=True, check_is_gpu=True)
+
+
+def test_the_device_probes_answer_for_a_cpu_only_machine_as_accelerate():
+    expected = (None, None) if not torch.accelerator.is_available() else (torch.accelerator.current_accelerator().type,)
+    assert utils.get_torch_accelerator_backend()[: len(expected)] == expected
+    assert utils.is_fp16_available() is True
