@@ -118,6 +118,11 @@ class DistributedEnvironment:
             return DistributedType.NO
         return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
 
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Leave the process group (``group``, or the default one) if this process is in one (Accelerate's verb)."""
+        if self.is_distributed and dist.is_initialized():
+            dist.destroy_process_group(group)
+
 
 @dataclass(frozen=True)
 class AcceleratorState(DistributedEnvironment):
@@ -156,11 +161,6 @@ class AcceleratorState(DistributedEnvironment):
     @property
     def distributed_type(self) -> DistributedType:
         return DistributedType.FSDP if self.fsdp else super().distributed_type
-
-    def destroy_process_group(self, group: Any = None) -> None:
-        """Leave the process group (``group``, or the default one) if this process is in one (Accelerate's verb)."""
-        if self.is_distributed and dist.is_initialized():
-            dist.destroy_process_group(group)
 
 
 def _int_env(name: str, default: int) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from runner.engine import ops
 from runner.engine.distributed import (
@@ -91,8 +90,7 @@ class PartialState(ProcessPlacement):
 
     def destroy_process_group(self, group: Any = None) -> None:
         """Leave the process group (``group``, or the default one) if this process is in one."""
-        if self.use_distributed and dist.is_initialized():
-            dist.destroy_process_group(group)
+        self._env.destroy_process_group(group)
 
     def __repr__(self) -> str:
         return (

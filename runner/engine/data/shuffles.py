@@ -172,6 +172,8 @@ class PlainShuffle:
         try:
             for generator, encoded in zip(generators, saved, strict=True):
                 generator.set_state(_decoded(encoded))
+            if "global_state" in state:  # checked now, used as the resumed pass begins
+                torch.Generator().set_state(_decoded(state["global_state"]))
         except (TypeError, ValueError, RuntimeError, binascii.Error) as error:
             raise ValueError(f"This loader's saved generator state is damaged ({error}).") from None
         self._current = self._loaded = None

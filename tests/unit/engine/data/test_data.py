@@ -279,3 +279,14 @@ def test_a_subset_random_samplers_pass_resumes_from_torchs_generator_as_the_pass
     first, _ = _subset_run(tmp_path, stop=3)
     rest, resumed_after = _subset_run(tmp_path, resume=True)
     assert first + rest == full and resumed_after == after
+
+
+def test_a_damaged_global_generator_state_in_a_position_is_one_sentence():
+    loader = Accelerator().prepare(DataLoader(range(8), batch_size=2, sampler=SubsetRandomSampler(range(8))))
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    assert isinstance(state["global_state"], str)
+    with pytest.raises(ValueError) as refused:
+        loader.load_state_dict({**state, "global_state": "AAAA"})
+    assert str(refused.value).startswith("This loader's saved generator state is damaged (")
