@@ -147,6 +147,17 @@ class AcceleratorState(DistributedEnvironment):
     mixed_precision: str = "no"
     debug: bool = False
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> AcceleratorState:
+        if not args and not kwargs:  # Accelerate's singleton idiom, which would read as a process of its own here
+            raise ValueError(
+                "AcceleratorState() is not the live state here: each Accelerator holds its own; read "
+                "accelerator.state, or PartialState() for this process's rank, device and group."
+            )
+        return super().__new__(cls)
+
+    def __reduce__(self) -> tuple:
+        return _state_from, ({field.name: getattr(self, field.name) for field in fields(self)},)
+
     @classmethod
     def of(
         cls, env: DistributedEnvironment, *, fsdp: bool, mixed_precision: str, debug: bool = False
@@ -161,6 +172,11 @@ class AcceleratorState(DistributedEnvironment):
     @property
     def distributed_type(self) -> DistributedType:
         return DistributedType.FSDP if self.fsdp else super().distributed_type
+
+
+def _state_from(values: dict[str, Any]) -> AcceleratorState:
+    """An :class:`AcceleratorState` from its fields (what unpickling and copying build it from)."""
+    return AcceleratorState(**values)
 
 
 def _int_env(name: str, default: int) -> int:

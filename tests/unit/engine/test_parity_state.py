@@ -205,3 +205,17 @@ def test_partial_state_is_one_shared_state_with_accelerates_verbs():
         )
     finally:
         PartialState._reset_state()
+
+
+def test_accelerates_singleton_idiom_for_the_accelerator_state_is_one_sentence():
+    from runner.engine.state import AcceleratorState as Exported
+
+    assert Exported is AcceleratorState
+    with pytest.raises(ValueError) as refused:
+        AcceleratorState()
+    assert str(refused.value) == (
+        "AcceleratorState() is not the live state here: each Accelerator holds its own; read accelerator.state, or "
+        "PartialState() for this process's rank, device and group."
+    )
+    state = Accelerator().state
+    assert pickle.loads(pickle.dumps(state)) == state and dataclasses.replace(state, rank=0) == state
