@@ -9,8 +9,8 @@ have finished, rank 0 writes ``manifest.json`` last, recording the strategy's fo
 
 The folders (naming, listing, commit, rotation) are :mod:`runner.engine.checkpoint.folders`; the
 load path is :mod:`runner.engine.checkpoint.loading`, what each rank writes :mod:`runner.engine.checkpoint.files`,
-and a copy on each node's own disk (``save_on_each_node``) :mod:`runner.engine.checkpoint.node_local`. Their
-public names are importable from here too.
+and a copy on each node's own disk (``save_on_each_node``) :mod:`runner.engine.checkpoint.node_local`; their names
+are imported from there.
 """
 
 from __future__ import annotations
@@ -45,12 +45,7 @@ from runner.engine.checkpoint.folders import (
     check_writable_target,
     checkpoint_number,
     checkpoint_to_load,
-    checkpoints_dir,
-    committed_checkpoints,
     failure_reason,
-    is_committed,
-    newest_checkpoint_number,
-    newest_intact_checkpoint,
     next_automatic_checkpoint,
     remove_folder,
     rotate_checkpoints,
@@ -58,12 +53,10 @@ from runner.engine.checkpoint.folders import (
 )
 from runner.engine.checkpoint.folders import commit as commit_folder
 from runner.engine.checkpoint.loading import (
-    ListedCheckpoint,
-    derive_rng_state,
     load_training_state,
     restore_engine_metadata,
 )
-from runner.engine.checkpoint.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
+from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.checkpoint.manifest_schema import check_metadata
 from runner.engine.distributed import DistributedEnvironment, barrier
 from runner.engine.ops import broadcast_object_list, gather_object
@@ -71,33 +64,7 @@ from runner.engine.parallel.base import unwrap_module
 from runner.engine.prepared import PreparedObjects
 from runner.files import sync_tree
 
-__all__ = [
-    "CheckpointError",
-    "CheckpointNotFoundError",
-    "Checkpointer",
-    "ListedCheckpoint",
-    "PreparedObjects",
-    "ProjectConfiguration",
-    "StagingFolder",
-    "check_writable_target",
-    "checkpoint_number",
-    "checkpoint_to_load",
-    "checkpoints_dir",
-    "committed_checkpoints",
-    "derive_rng_state",
-    "engine_metadata",
-    "is_committed",
-    "is_stateful",
-    "load_training_state",
-    "newest_checkpoint_number",
-    "newest_intact_checkpoint",
-    "next_automatic_checkpoint",
-    "read_manifest",
-    "restore_engine_metadata",
-    "rotate_checkpoints",
-    "save_training_state",
-    "staging_dir",
-]
+__all__ = ["Checkpointer", "engine_metadata", "is_stateful", "save_training_state"]
 
 
 def is_stateful(obj: Any) -> bool:

@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 from runner.engine import CheckpointError, GradientAccumulationPlugin, ProjectConfiguration
-from runner.engine.checkpoint.checkpointer import Checkpointer, PreparedObjects
+from runner.engine.checkpoint.checkpointer import Checkpointer
 from runner.engine.distributed import DistributedEnvironment
 from runner.engine.optimizer import AcceleratedOptimizer, GradientState
+from runner.engine.prepared import PreparedObjects
 
 
 class OwnFolders:
