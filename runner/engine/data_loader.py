@@ -103,8 +103,8 @@ def prepare_data_loader(
         process_index=process_index,
         gradient_state=GradientState(GradientAccumulationPlugin()),
         config=config,
-        broadcast_seed=rank_zero_value if distributed else lambda seed: seed,
-        share=rank_zero_value if distributed else lambda value: value,
+        broadcast_seed=rank_zero_value,  # the value itself on one process
+        share=rank_zero_value,
         on_epoch_start=functools.partial(synchronize_rng_states, synced) if distributed and synced else None,
         comm_device=device if distributed and dist.get_backend() == "nccl" and device is not None else cpu,
     )

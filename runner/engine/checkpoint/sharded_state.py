@@ -23,7 +23,7 @@ import contextlib
 import functools
 import pickle
 import warnings
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,22 +46,32 @@ def _load(state: dict, folder: Path, listed: Collection[str]) -> None:
     """DCP's load, reading only data (see :func:`read_dcp_metadata`), with its failure (a BaseException
     carrying each rank's error) as one CheckpointError."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
 
     reader_class, planner_class = _checked_dcp_classes()
     reader = reader_class(folder, listed)
     reader.read_metadata()  # refused here, on every rank alike, before DCP's first collective
+    with _dcp_failures(
+        lambda why: (
+            f"{folder} does not fit the prepared model or optimizer ({why}); load a checkpoint of the same model."
+        )
+    ):
+        dcp.load(state, storage_reader=reader, planner=planner_class(folder), no_dist=not _distributed())
+
+
+@contextlib.contextmanager
+def _dcp_failures(sentence: Callable[[str], str]) -> Iterator[None]:
+    """Run a DCP load quietly; its failure becomes the ``CheckpointError`` a reader raised, or ``sentence`` of the
+    first line of what failed."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         with _quiet_single_process():
-            dcp.load(state, storage_reader=reader, planner=planner_class(folder), no_dist=not _distributed())
+            yield
     except CheckpointException as error:
         exception = _first_failure(error)
         if isinstance(exception, CheckpointError):
             raise exception from None
-        raise CheckpointError(
-            f"{folder} does not fit the prepared model or optimizer ({_first_line(exception)}); load a checkpoint of "
-            "the same model."
-        ) from None
+        raise CheckpointError(sentence(_first_line(exception))) from None
 
 
 def _first_failure(error: Exception) -> BaseException:
@@ -330,23 +340,14 @@ def load_whole_dcp_state(folder: Path, listed: Collection[str]) -> dict[str, Any
         CheckpointError: The metadata is not DCP's (see :func:`read_dcp_metadata`), or the files it points at cannot
             be read.
     """
-    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     reader_class, _ = _checked_dcp_classes()
     reader = reader_class(folder, listed)
     reader.read_metadata()  # refused here, before DCP allocates a tensor
     state: dict[str, Any] = {}
-    try:
-        with _quiet_single_process():
-            _load_state_dict(state, storage_reader=reader, planner=_whole_state_planner_class()(folder), no_dist=True)
-    except CheckpointException as error:
-        exception = _first_failure(error)
-        if isinstance(exception, CheckpointError):
-            raise exception from None
-        raise CheckpointError(
-            f"{folder} holds shards that cannot be read ({_first_line(exception)}); the checkpoint is damaged."
-        ) from None
+    with _dcp_failures(lambda why: f"{folder} holds shards that cannot be read ({why}); the checkpoint is damaged."):
+        _load_state_dict(state, storage_reader=reader, planner=_whole_state_planner_class()(folder), no_dist=True)
     return state
 
 
