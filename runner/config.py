@@ -3,10 +3,12 @@
 Every group in ``conf/`` is typed by a dataclass here: the fixed groups (trainer, data, project,
 tracker, objective) through :class:`RunnerConfig`, and each option of the open groups (model, optimizer,
 scheduler, parallel) through its own schema, which its YAML names first in its defaults list. A
-wrong key or type is therefore rejected while Hydra composes; :mod:`runner.cli.check` turns that
-rejection into one sentence, and :func:`runner.validation.validate` checks what types cannot
-(ranges, choices, combinations). ``data.train``, ``data.eval``, ``loss`` and ``metrics`` hold the
-user's ``_target_`` nodes: their imports and keywords are checked by :mod:`runner.targets`.
+wrong type is therefore rejected while Hydra composes, and a wrong key too, except in an open group's
+node, which :func:`runner.validation.settle_options` checks once composed (so that a preset's keys for
+one option leave with it); :mod:`runner.cli.check` turns Hydra's rejection into one sentence, and
+:func:`runner.validation.validate` checks what types cannot (ranges, choices, combinations).
+``data.train``, ``data.eval``, ``loss`` and ``metrics`` hold the user's ``_target_`` nodes: their imports
+and keywords are checked by :mod:`runner.targets`.
 Nothing here imports torch.
 """
 
@@ -281,6 +283,9 @@ class RunnerConfig:
     evaluate_only: bool = False  # runner eval: evaluate the resumed checkpoint's model, train and write nothing else
 
 
+# The groups whose option is the group's whole node, each typed by the option's schema: a preset's keys for one
+# option leave with it when the command line picks another (runner.validation.settle_options).
+OPEN_GROUPS = ("model", "optimizer", "scheduler", "parallel")
 OPTION_SCHEMAS: dict[str, dict[str, type]] = {
     "model": {"mnist_cnn": MnistCNNConfig, "gpt": GPTConfig},
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
@@ -291,9 +296,17 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
 
 
 def register_configs() -> None:
-    """Put every schema in Hydra's ConfigStore (idempotent)."""
+    """Put every schema in Hydra's ConfigStore (idempotent).
+
+    An option's schema takes keys it lacks while Hydra composes: an experiment that picks ``scheduler: cosine``
+    and sets its ``warmup_steps`` still composes with ``scheduler=constant`` on the command line. The check
+    that follows every composition (:func:`runner.validation.settle_options`) leaves such keys out or refuses
+    them, and closes each node again."""
     store = ConfigStore.instance()
     store.store(name="runner_schema", node=RunnerConfig)
     for group, options in OPTION_SCHEMAS.items():
         for option, schema in options.items():
-            store.store(group=f"schema/{group}", name=option, node=schema)
+            node = OmegaConf.structured(schema)
+            if group in OPEN_GROUPS:
+                OmegaConf.set_struct(node, False)
+            store.store(group=f"schema/{group}", name=option, node=node)

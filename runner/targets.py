@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from runner.config import ConfigError
+from runner.value_checks import SYNONYMS
 
 KEYWORD_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 # Packages whose compiled part is built against one torch release: the release of each that matches torch
@@ -318,10 +319,6 @@ def _public_names(owner: Any) -> list[str]:
     if isinstance(owner, ModuleType) and hasattr(owner, "__path__"):  # a package: its submodules too
         names += [info.name for info in pkgutil.iter_modules(owner.__path__)]
     return names
-
-
-# Names other libraries use for a parameter, and torch's name for it: no spelling is close, the meaning is.
-SYNONYMS = {"learning_rate": "lr", "learningrate": "lr", "wd": "weight_decay", "epsilon": "eps"}
 
 
 def _close_match(name: str, candidates: list[str]) -> str | None:

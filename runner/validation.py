@@ -8,18 +8,24 @@ imports torch, except :func:`check_devices` and :func:`check_hardware`, which lo
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.util
+import logging
 import math
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from runner import overrides as parsed
 from runner.config import (
     CHECKSUM_CHOICES,
     DP_SHARD_AUTO,
     MIXED_PRECISION_CHOICES,
+    OPEN_GROUPS,
+    OPTION_SCHEMAS,
     RECIPES,
     STRATEGIES,
     TP_STYLES,
@@ -35,23 +41,74 @@ from runner.recipe_validation import (
     check_recipe_fits,
     recipe_module,
 )
-from runner.value_checks import at_least, choice, one_of
+from runner.value_checks import at_least, choice, not_a_key, one_of
+
+logger = logging.getLogger(__name__)
 
 
-def validate(cfg: DictConfig) -> None:
-    """Check what the schemas' types cannot. Raises :class:`ConfigError` with one sentence.
+def validate(cfg: DictConfig, overrides: Iterable[str] = ()) -> None:
+    """Check what the schemas' types cannot, ``overrides`` being the command line's that composed ``cfg``.
+    Raises :class:`ConfigError` with one sentence.
+
+    First, each open group's node keeps only its option's keys (:func:`settle_options`).
 
     A ``${...}`` that cannot be resolved (a key the config does not have, an unset environment variable) is one
     sentence too: where a check below names the missing key more precisely it does, else the first value read
     that refers to it, else the final pass over every value. ``${hydra:...}`` is left to Hydra's run."""
     from omegaconf.errors import InterpolationResolutionError
 
+    for note in settle_options(cfg, overrides):
+        logger.warning(note)
     _check_missing(cfg)
     try:
         _validate(cfg)
         _resolve_every_value(cfg)
     except InterpolationResolutionError as error:
         raise _unresolved(error) from None
+
+
+def settle_options(cfg: DictConfig, overrides: Iterable[str] = ()) -> list[str]:
+    """Leave out of each open group's node the keys a preset set for another of the group's options; return a
+    sentence for each key left out.
+
+    ``experiment=shakespeare_hf scheduler=constant``: the experiment picks ``scheduler: cosine`` and sets its
+    ``warmup_steps``, the command line switches to a schedule without warm-up, and the warm-up leaves with
+    cosine. A key that no option of the group has, or one typed on the command line, is refused instead. Every
+    node is closed afterwards (struct), as Hydra leaves the rest of the config.
+
+    Raises:
+        ConfigError: The key, the option it belongs to, and the fix.
+    """
+    lines = list(overrides)
+    typed = {parsed.key(line) for line in lines if not line.startswith(("~", "+"))}
+    added = {parsed.key(line) for line in lines if line.startswith("+")}  # the command line adds these on purpose
+    left_out = []
+    for group in OPEN_GROUPS:
+        options, node = OPTION_SCHEMAS[group], cfg.get(group)
+        if not isinstance(node, DictConfig) or OmegaConf.get_type(node) not in options.values():
+            continue  # null, or an option of the user's own without one of these schemas: free-form
+        schema = OmegaConf.get_type(node)
+        chosen = next(name for name, option in options.items() if option is schema)
+        keys = [field.name for field in dataclasses.fields(schema)]
+        for key in [key for key in node if key not in keys and f"{group}.{key}" not in added]:
+            full_key = f"{group}.{key}"
+            owners = [name for name, option in options.items() if key in {f.name for f in dataclasses.fields(option)}]
+            if not owners:
+                raise ConfigError(not_a_key(full_key, keys))
+            if full_key in typed:
+                raise ConfigError(
+                    f"{full_key} is a key of {group}={owners[0]}, not of {group}={chosen}; drop it, or choose "
+                    f"{group}={owners[0]}."
+                )
+            left_out.append((full_key, f"{group}={owners[0]}", f"{group}={chosen}"))
+            del node[key]
+        OmegaConf.set_struct(node, True)
+    experiment = parsed.value(lines, "experiment") if left_out else None
+    preset = f"experiment={experiment}" if experiment else "a preset"
+    return [
+        f"{key} is left out: {preset} sets it for {owner}, and {chosen} has no such key."
+        for key, owner, chosen in left_out
+    ]
 
 
 def _check_missing(node: DictConfig | ListConfig) -> None:

@@ -27,7 +27,7 @@ from runner.launch import slurm
 from runner.launch.environment import LaunchEnvironment
 from runner.launch.preflight import check_rendezvous_port, check_resolves, check_writable, wait_for_rendezvous
 from runner.startup import elapsed, restart, stamp, stamps
-from runner.validation import check_devices, check_hardware, validate
+from runner.validation import check_devices, check_hardware, settle_options, validate
 
 logger = logging.getLogger("runner")
 
@@ -174,13 +174,15 @@ def _resolve(cfg: DictConfig, command: CommandLine | None, job) -> tuple[DictCon
 
     # The command line checked this very config when it ran alone (a sweep job's config is one of many).
     checked = command is not None and command.checked and job is None
+    overrides = _task_overrides()
     if not checked:
-        validate(cfg)
+        validate(cfg, overrides)
+    for note in settle_options(cfg, overrides):  # Hydra composed the checked overrides again: the check said it
+        _to_run_log(logging.WARNING, note)
     if slurm.under_srun() and not slurm.set_rank_environment() and cfg.trainer.num_nodes == 1:
         # Started by a Slurm job without our command line (Hydra's submitit launcher): one task per node.
         for key, value in slurm.node_launcher_settings().items():
             OmegaConf.update(cfg, key, int(value) if value.isdigit() else value)
-    overrides = _task_overrides()
     resume = command.resume if command is not None else None
     if resume is None and job is not None and not cfg.resume and job.resumable(_project_dir(cfg)):
         cfg.resume = str(_project_dir(cfg))  # an earlier attempt of this sweep job: continue it
@@ -188,7 +190,7 @@ def _resolve(cfg: DictConfig, command: CommandLine | None, job) -> tuple[DictCon
         resume = resumes.from_config(str(cfg.resume), overrides, search_path=_hydra_search_path())
     if resume is not None:
         cfg, overrides = resumes.resumed_run(resume, overrides, composed=cfg)
-        validate(cfg)
+        validate(cfg, overrides)
     if not checked or resume is not None:  # a resumed run's config is its own, not the one the command composed
         check_targets(cfg)
         check_hardware(cfg)

@@ -16,8 +16,8 @@ from runner import overrides as parsed
 from runner.cli.search_path import search_path_overrides
 from runner.config import CONF_DIR, CONFIG_NAME, ConfigError, RunnerConfig
 from runner.startup import stamp
-from runner.targets import SYNONYMS
 from runner.validation import check_hardware, validate
+from runner.value_checks import not_a_key
 
 # Options that need one of Hydra's plugins, which come with the project's extras.
 _PLUGINS = {
@@ -75,7 +75,7 @@ def check_overrides(
     unknown = sorted(set(cfg) - set(valid))
     if unknown:
         raise ConfigError(f"{unknown[0]} is not a config key; remove it (valid top-level keys: {', '.join(valid)}).")
-    validate(cfg)
+    validate(cfg, overrides)
     if targets:
         stamp("compose and validate the config")
         if before_targets is not None:
@@ -141,13 +141,8 @@ def describe_composition_error(error: Exception, overrides: list[str], config_na
         return str(error).splitlines()[0]
     full_key = cause.full_key
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
-        parent, _, name = full_key.rpartition(".")
         others = [o for o, key in zip(overrides, keys, strict=True) if key != full_key]
-        known = _keys_at(parent, others, config_name)
-        close = [SYNONYMS[name]] if SYNONYMS.get(name) in known else difflib.get_close_matches(name, known, n=1)
-        suggestion = f" (did you mean {'.'.join(filter(None, [parent, close[0]]))!r}?)" if close else ""
-        where = f"'{parent}'" if parent else "the config"
-        return f"{full_key} is not a key of {where}{suggestion}; `python -m runner --cfg job` lists every key."
+        return not_a_key(full_key, _keys_at(full_key.rpartition(".")[0], others, config_name))
     # The last override of the key is the one composed (a resumed run's saved ones come first).
     value = parsed.as_typed(overrides).get(full_key)
     reason = str(cause).splitlines()[0]

@@ -73,6 +73,66 @@ def test_every_yaml_composes_and_validates(group, option, monkeypatch):
     assert first_line.startswith("#")  # every YAML says what it is
 
 
+EXPERIMENTS = sorted(option for group, option in GROUP_OPTIONS if group == "experiment")
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_combines_with_every_option_of_every_group(experiment):
+    """``experiment=E group=option`` composes for every pair; each open group's node then holds its option's keys
+    alone, what the experiment set for the option it picked being left out with the option."""
+    from dataclasses import fields
+
+    from runner.config import OPEN_GROUPS, OPTION_SCHEMAS
+    from runner.validation import settle_options
+
+    own = composed(f"experiment={experiment}")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for group, option in GROUP_OPTIONS:
+            if group in ("experiment", "hparams_search"):
+                continue
+            overrides = [f"experiment={experiment}", f"{group}={option}"]
+            cfg = compose("config", overrides=overrides)
+            notes = settle_options(cfg, overrides)
+            for open_group in OPEN_GROUPS:
+                schema = OmegaConf.get_type(cfg[open_group])
+                if schema in OPTION_SCHEMAS[open_group].values():
+                    assert set(cfg[open_group]) == {field.name for field in fields(schema)}, overrides
+                    assert OmegaConf.is_struct(cfg[open_group])
+            left = {note.split(" is left out")[0] for note in notes}
+            kept = {key for key in left if OmegaConf.select(own, key) is not None}
+            assert kept == left, overrides  # only keys the experiment itself set are left out
+            if group not in OPEN_GROUPS or OmegaConf.get_type(cfg[group]) is OmegaConf.get_type(own[group]):
+                assert not notes, overrides  # the experiment's own option (or a group it does not type) keeps all
+
+
+def test_switching_a_group_an_experiment_set_leaves_its_keys_for_the_old_option_out(caplog):
+    experiment = "experiment=shakespeare_hf"
+    cfg = check_overrides([experiment, "scheduler=constant"], targets=False)
+    assert OmegaConf.to_container(cfg.scheduler) == {"_target_": "runner.schedules.constant", "_partial_": True}
+    assert [record.getMessage() for record in caplog.records] == [
+        f"scheduler.{key} is left out: experiment=shakespeare_hf sets it for scheduler=cosine, and scheduler=constant "
+        "has no such key."
+        for key in ("warmup_steps", "min_lr_ratio")
+    ]
+    cfg = check_overrides([experiment, "optimizer=sgd", "parallel=ddp", "trainer.num_processes=2"], targets=False)
+    assert "betas" not in cfg.optimizer and (cfg.optimizer.lr, cfg.optimizer.weight_decay) == (2e-3, 0.1)  # shared
+    cfg = check_overrides([experiment, "scheduler=constant", "~scheduler.warmup_steps"], targets=False)
+    assert set(cfg.scheduler) == {"_target_", "_partial_"}
+    cfg = check_overrides(["experiment=mnist_fsdp", "parallel=ddp"], targets=False)
+    assert "shard_modules" not in cfg.parallel and cfg.parallel.strategy == "ddp"
+    with pytest.raises(ConfigError) as typed:  # typed on the command line: refused, not dropped
+        check_overrides([experiment, "scheduler=constant", "scheduler.warmup_steps=5"], targets=False)
+    assert str(typed.value) == (
+        "scheduler.warmup_steps is a key of scheduler=cosine, not of scheduler=constant; drop it, or choose "
+        "scheduler=cosine."
+    )
+    with pytest.raises(ConfigError) as unknown:  # a key no option has is a typo wherever it comes from
+        check_overrides(["scheduler=constant", "scheduler.warmup_stepz=5"], targets=False)
+    assert str(unknown.value) == (
+        "scheduler.warmup_stepz is not a key of 'scheduler'; `python -m runner --cfg job` lists every key."
+    )
+
+
 @pytest.mark.parametrize("name", [p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")])
 def test_each_experiment_starts_with_the_command_that_runs_it(name):
     header = []
@@ -312,7 +372,7 @@ def _fsdp(*overrides: str) -> list[str]:
         ),
         (
             ["parallel=ddp", "trainer.num_processes=2", "parallel.tp=2"],
-            "parallel.tp is not a key of 'parallel'; `python -m runner --cfg job` lists every key.",
+            "parallel.tp is a key of parallel=fsdp, not of parallel=ddp; drop it, or choose parallel=fsdp.",
         ),  # only parallel=fsdp has a mesh
     ],
 )
