@@ -63,19 +63,19 @@ def _async_saves(project_dir):
     accelerator, model, optimizer, train_loader, scheduler = checkpointed_run(project_dir)
     for _ in range(3):
         train_steps(accelerator, model, optimizer, train_loader, scheduler, 2)
-        accelerator.save_state(async_commit=True)
+        accelerator.save_state(async_save="commit")
     expected = {k: v.clone() for k, v in accelerator.get_state_dict(model).items()}
     train_steps(accelerator, model, optimizer, train_loader, scheduler, 2)  # move away from the saved weights
     accelerator.load_state()  # every rank waits for rank 0's last commit, then loads it
     return all(torch.equal(expected[k], v) for k, v in accelerator.get_state_dict(model).items())
 
 
-def test_async_commits_on_two_processes(launch, tmp_path):
+def test_background_commits_on_two_processes(launch, tmp_path):
     assert launch(_async_saves, str(tmp_path)) == [True, True]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_1", "checkpoint_2"]
 
 
-def _failed_async_commit(project_dir):
+def _failed_background_commit(project_dir):
     import runner.engine.checkpoint.manifest as manifest_module
 
     def disk_full(*args, **kwargs):
@@ -83,7 +83,7 @@ def _failed_async_commit(project_dir):
 
     manifest_module.write_manifest = disk_full
     accelerator, *_ = checkpointed_run(project_dir)
-    accelerator.save_state(async_commit=True)
+    accelerator.save_state(async_save="commit")
     try:
         accelerator.wait_for_checkpoint()
     except Exception as error:  # every rank must hear of rank 0's failure, or the next collective hangs
@@ -91,8 +91,8 @@ def _failed_async_commit(project_dir):
     return None
 
 
-def test_a_failed_async_commit_is_raised_on_every_rank(launch, tmp_path):
-    errors = launch(_failed_async_commit, str(tmp_path))
+def test_a_failed_background_commit_is_raised_on_every_rank(launch, tmp_path):
+    errors = launch(_failed_background_commit, str(tmp_path))
     assert errors[0] == errors[1] and "Committing the last checkpoint failed: OSError" in errors[0]
 
 

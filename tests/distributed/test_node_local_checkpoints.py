@@ -99,7 +99,7 @@ def _break(what, rank, accelerators):
     if what == "rename" and rank == 1:  # node 1's owner, in phase (b): node 0 has renamed, and puts it back
         from runner.engine.checkpoint import node_local as node_local_checkpoints
 
-        node_local_checkpoints._rename_into_place = no_space
+        node_local_checkpoints.rename_into_place = no_space
     if what == "fsync" and rank == 1:  # node 1's owner, in phase (b), after its rename: it puts it back too
         from runner.engine.checkpoint import node_local as node_local_checkpoints
 
@@ -290,7 +290,7 @@ def _refused(base):
     project = ProjectConfiguration(save_on_each_node=True)
     messages = []
     fsdp = Accelerator(project_config=project, fsdp_plugin=FullyShardedDataParallelPlugin())
-    for accelerator, options in ((fsdp, {}), (Accelerator(project_config=project), {"async_commit": True})):
+    for accelerator, options in ((fsdp, {}), (Accelerator(project_config=project), {"async_save": "commit"})):
         accelerator.prepare(nn.Linear(4, 4))
         try:
             accelerator.save_state(Path(base) / "ck", **options)
@@ -327,7 +327,7 @@ def test_an_automatic_save_onto_a_taken_number_takes_the_largest_on_every_node(l
     assert not (tmp_path / "ignored").exists()
 
 
-def test_fsdp_and_async_commit_are_refused_with_save_on_each_node(launch, tmp_path):
+def test_fsdp_and_a_background_commit_are_refused_with_save_on_each_node(launch, tmp_path):
     results = launch(_refused, str(tmp_path), nproc=3)
     assert results[0] == results[1] == results[2]
     (fsdp, asynchronous, fsdp_load), written = results[0]
@@ -338,9 +338,9 @@ def test_fsdp_and_async_commit_are_refused_with_save_on_each_node(launch, tmp_pa
     )
     assert fsdp_load == fsdp.replace("save_state under", "load_state under")
     assert asynchronous == (
-        "save_state(async_commit=True) cannot be used with ProjectConfiguration(save_on_each_node=True): each node "
-        "commits only once every node has written and renamed its copy, which needs every rank; pass "
-        "async_commit=False."
+        "save_state(async_save='commit') cannot be used with ProjectConfiguration(save_on_each_node=True): each "
+        "node commits only once every node has written and renamed its copy, which needs every rank; pass "
+        "async_save=False."
     )
     assert written == []  # refused before anything was written
 

@@ -1,4 +1,5 @@
-"""``save_state(async_save=True)``: the state copied to host memory on the loop, everything else in the background.
+"""``save_state(async_save="writes")`` (or ``True``): the state copied to host memory on the loop, everything else in
+the background. :class:`AsyncSave` names the modes (``"commit"`` leaves only the commit to the background).
 
 The save runs as a synchronous one does up to the writes: the target is chosen, the staging folder
 made and the save hooks run, on every rank. Then, instead of writing, each rank hands what it would
@@ -19,6 +20,7 @@ the failure is raised on every rank by the next ``save_state``, ``load_state``,
 from __future__ import annotations
 
 import copy
+import enum
 import logging
 import shutil
 from collections import OrderedDict
@@ -38,6 +40,37 @@ from runner.engine.checkpoint.manifest import CheckpointError
 from runner.files import sync_tree
 
 logger = logging.getLogger("runner")
+
+
+class AsyncSave(enum.StrEnum):
+    """What ``save_state(async_save=...)`` leaves to the background; the folder appears only once complete either way.
+
+    - ``none`` (or ``False``): nothing; ``save_state`` returns once the checkpoint is committed.
+    - ``writes`` (or ``True``): the writes; ``save_state`` returns once the state is copied to host memory, and
+      every rank writes and hashes its files, and rank 0 commits, in background threads (this module).
+    - ``commit``: the commit; ``save_state`` returns once every rank's files are written and hashed, and rank 0
+      writes the manifest and renames the folder into place in a background thread.
+    """
+
+    NONE = "none"
+    WRITES = "writes"
+    COMMIT = "commit"
+
+    @classmethod
+    def of(cls, value: AsyncSave | str | bool | None) -> AsyncSave:
+        """The mode ``value`` names.
+
+        Raises:
+            ValueError: ``value`` names none.
+        """
+        if isinstance(value, bool) or value is None:
+            return cls.WRITES if value else cls.NONE
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(
+                f"save_state(async_save={value!r}) is not a mode; pass 'none', 'writes' (or True) or 'commit'."
+            ) from None
 
 
 def _distributed() -> bool:

@@ -15,7 +15,6 @@ are imported from there.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections import OrderedDict
@@ -31,11 +30,12 @@ from torch.utils.hooks import RemovableHandle
 
 from runner.engine.checkpoint import manifest as manifests
 from runner.engine.checkpoint import node_local
-from runner.engine.checkpoint.async_saves import BackgroundSaves, Snapshot, write_in_background
+from runner.engine.checkpoint.async_saves import AsyncSave, BackgroundSaves, Snapshot, write_in_background
 from runner.engine.checkpoint.files import (
     StagingFolder,
-    contents,
+    begin_save,
     first_failure,
+    manifest_record,
     raise_if_failed,
     share_outcome,
     write_files,
@@ -57,7 +57,6 @@ from runner.engine.checkpoint.loading import (
     restore_engine_metadata,
 )
 from runner.engine.checkpoint.manifest import CheckpointError
-from runner.engine.checkpoint.manifest_schema import check_metadata
 from runner.engine.distributed import DistributedEnvironment, barrier
 from runner.engine.ops import broadcast_object_list, gather_object
 from runner.engine.parallel.base import unwrap_module
@@ -110,12 +109,7 @@ def save_training_state(
         With ``background``, this rank's pending save (its result: None, or the failure sentence every
         rank gets alike); with ``committer``, rank 0's pending commit; else None.
     """
-    # Between syncs each rank holds gradients it has not shared yet: they are part of the state.
-    mid_cycle = prepared.gradient_state.step % prepared.gradient_state.num_steps != 0
-    prepared.strategy.check_save(mid_cycle=mid_cycle)
-    metadata = metadata or {}
-    check_metadata(metadata)
-    metadata = json.loads(json.dumps(metadata))  # a copy: the caller may change theirs once this returns
+    mid_cycle, metadata = begin_save(prepared, metadata)
     rank = prepared.env.rank
     staging, writer = StagingFolder(staging_dir(target)), None
     if background is not None:
@@ -124,18 +118,11 @@ def save_training_state(
         staging, target, prepared, writer=writer, models=models, weights=weights, mid_cycle=mid_cycle,
         before_write=before_write, checksum=checksum,
     )  # fmt: skip
-    record = {
-        "world_size": prepared.env.world_size,
-        "iteration": iteration,
-        "state_format": prepared.strategy.checkpoint_format,
-        "contents": contents(
-            prepared, models=models, weights=weights, metadata=metadata, mid_cycle=mid_cycle
-        ),  # after the hooks ran
-        "metadata": metadata,
-        "checksum": checksum,
-        "entries": entries,
-        "after_manifest": after_manifest,
-    }
+    record = manifest_record(
+        prepared, models=models, weights=weights, metadata=metadata, mid_cycle=mid_cycle, iteration=iteration,
+        checksum=checksum, after_manifest=after_manifest,
+    )  # fmt: skip
+    record["entries"] = entries
     if background is not None:
         if rank == 0:
             background.report()
@@ -227,7 +214,7 @@ class Checkpointer:
 
     Example:
         >>> checkpointer = Checkpointer()
-        >>> checkpointer.save(prepared, "out/ck", project=ProjectConfiguration(), metadata=None, async_commit=False)
+        >>> checkpointer.save(prepared, "out/ck", project=ProjectConfiguration(), metadata=None)
         >>> checkpointer.load(prepared, "out/ck", project=ProjectConfiguration(), verify_checksums=True)
     """
 
@@ -283,18 +270,12 @@ class Checkpointer:
         *,
         project: ProjectConfiguration,
         metadata: dict[str, Any] | None,
-        async_commit: bool,
-        async_save: bool = False,
+        mode: AsyncSave = AsyncSave.NONE,
     ) -> Path:
         """Save ``prepared`` (see ``Accelerator.save_state``); every rank calls it. Returns the checkpoint folder."""
-        if async_save and async_commit:
-            raise ValueError(
-                "save_state(async_save=True) already commits in the background; pass async_commit=False with it."
-            )
         self.wait()
         if project.save_on_each_node:
-            background = "async_save" if async_save else "async_commit" if async_commit else None
-            node_local.check_save(prepared, background=background)
+            node_local.check_save(prepared, mode=mode)
             target = node_local.target(project, output_dir)
         else:
             target = self._target(prepared.env, project, output_dir)
@@ -313,7 +294,7 @@ class Checkpointer:
         rotate = None
         if project.automatic_checkpoint_naming and project.total_limit is not None:
             rotate = partial(rotate_checkpoints, target.parent, total_limit=project.total_limit, protect=self.loaded)
-        if async_commit and self._committer is None:
+        if mode is AsyncSave.COMMIT and self._committer is None:
             self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
         facts = engine_metadata(prepared.dataloaders, prepared.optimizers, prepared.gradient_state)
         saving = dict(
@@ -328,13 +309,12 @@ class Checkpointer:
         )
         if project.save_on_each_node:
             node_local.save_training_state(target, prepared, **saving)
-        elif async_save:
+        elif mode is AsyncSave.WRITES:
             self._saving = save_training_state(target, prepared, **saving, background=self._background)
         else:
-            self._pending = save_training_state(
-                target, prepared, **saving, committer=self._committer if async_commit else None
-            )
-        self._in_flight = async_commit and not async_save
+            committer = self._committer if mode is AsyncSave.COMMIT else None
+            self._pending = save_training_state(target, prepared, **saving, committer=committer)
+        self._in_flight = mode is AsyncSave.COMMIT
         if project.automatic_checkpoint_naming:
             project.iteration += 1
         return target
@@ -347,8 +327,8 @@ class Checkpointer:
     def wait(self) -> None:
         """Wait for the last save's background work; raise its failure on every rank alike.
 
-        After ``async_save`` every rank waits for its own background save (they end together, with the
-        same outcome); after ``async_commit`` rank 0 waits for its commit, then tells every rank how it went.
+        After ``async_save="writes"`` every rank waits for its own background save (they end together, with the
+        same outcome); after ``"commit"`` rank 0 waits for its commit, then tells every rank how it went.
         """
         saving, self._saving = self._saving, None
         if saving is not None:

@@ -6,8 +6,9 @@ a copy on each node's own disk (:mod:`runner.engine.checkpoint.node_local`).
 
 from __future__ import annotations
 
+import json
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from runner.engine.checkpoint.manifest import CheckpointError, file_entries
+from runner.engine.checkpoint.manifest_schema import check_metadata
 from runner.engine.checkpoint.serialization import save_safetensors
 from runner.engine.checkpoint.torch_files import torch_save
 from runner.engine.constants import (
@@ -131,6 +133,42 @@ def write_files(
     staging.save_object(get_rng_state(), rng_state_name(rank))
     if mid_cycle:
         staging.save_tensors(_gradients(models), gradients_name(rank))
+
+
+def begin_save(prepared: PreparedObjects, metadata: dict[str, Any] | None) -> tuple[bool, dict[str, Any]]:
+    """What every save does first on every rank: the strategy's checks, and the metadata checked and copied (the
+    caller may change theirs once ``save_state`` returns). Returns whether the save falls between syncs, and the
+    copy."""
+    # Between syncs each rank holds gradients it has not shared yet: they are part of the state.
+    mid_cycle = prepared.gradient_state.step % prepared.gradient_state.num_steps != 0
+    prepared.strategy.check_save(mid_cycle=mid_cycle)
+    metadata = metadata or {}
+    check_metadata(metadata)
+    return mid_cycle, json.loads(json.dumps(metadata))
+
+
+def manifest_record(
+    prepared: PreparedObjects,
+    *,
+    models: Sequence[nn.Module],
+    weights: Sequence[dict[str, torch.Tensor]] | None,
+    metadata: dict[str, Any],
+    mid_cycle: bool,
+    iteration: int | None,
+    checksum: str,
+    after_manifest: Callable[[Path], None] | None,
+) -> dict[str, Any]:
+    """The keywords of :func:`~runner.engine.checkpoint.manifest.write_manifest` every save shares, taken once the
+    save hooks have run."""
+    return {
+        "world_size": prepared.env.world_size,
+        "iteration": iteration,
+        "state_format": prepared.strategy.checkpoint_format,
+        "contents": contents(prepared, models=models, weights=weights, metadata=metadata, mid_cycle=mid_cycle),
+        "metadata": metadata,
+        "checksum": checksum,
+        "after_manifest": after_manifest,
+    }
 
 
 def contents(

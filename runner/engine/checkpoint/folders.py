@@ -183,18 +183,29 @@ def check_writable_target(target: Path) -> None:
 
 def commit(staging: Path, target: Path) -> None:
     """Make the written ``staging`` folder the checkpoint ``target``, by renames (and fsync of the parent)."""
-    if not target.exists() or (target.is_dir() and not any(target.iterdir())):
-        os.replace(staging, target)  # onto an empty directory, rename replaces it atomically
-        fsync_path(target.parent)
-        return
-    # An explicit output_dir that already holds a checkpoint: swap, then delete the old one, so a
-    # crash at any moment leaves either the old or the new checkpoint intact.
-    previous = target.with_name(target.name + ".previous")
-    remove_folder(previous)
-    os.replace(target, previous)
-    os.replace(staging, target)
+    previous = rename_into_place(staging, target)
     fsync_path(target.parent)
-    remove_folder(previous)
+    if previous is not None:
+        remove_folder(previous)
+
+
+def rename_into_place(staging: Path, target: Path) -> Path | None:
+    """Rename ``staging`` to ``target``; return the checkpoint it replaced, kept aside as ``<target>.previous``
+    (or None), for the caller to delete once the parent folder is synced (or, on a node-local save, once every
+    node has renamed). A crash at any moment leaves either the old or the new checkpoint intact."""
+    previous = None
+    if target.exists() and not (target.is_dir() and not any(target.iterdir())):
+        # An explicit output_dir that already holds a checkpoint: swap, the old one deleted after.
+        previous = target.with_name(target.name + ".previous")
+        remove_folder(previous)
+        os.replace(target, previous)
+    try:
+        os.replace(staging, target)  # onto an empty directory, rename replaces it atomically
+    except OSError:
+        if previous is not None:
+            os.replace(previous, target)
+        raise
+    return previous
 
 
 def remove_folder(path: Path) -> None:

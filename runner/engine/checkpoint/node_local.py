@@ -16,7 +16,7 @@ keeping the checkpoint it replaces (an explicit ``output_dir`` saved before) asi
 the owners that renamed put the old state back. (c) only once every node holds the new checkpoint
 do the owners delete what it replaced and rotate (``total_limit``) their node's folders. Each
 phase ends in a gather every rank takes part in, so every rank raises the same sentence and none
-waits forever; async_save and async_commit are refused, since the phases need every rank.
+waits forever; a background save (``async_save``) is refused, since the phases need every rank.
 
 On load, every rank reads its own node's copy: every rank learns of any rank's failure, and the
 ranks must agree on the checkpoint's name, step and iteration (each node's newest may differ, or
@@ -38,7 +38,15 @@ import torch
 from torch import nn
 
 from runner.engine.checkpoint import manifest as manifests
-from runner.engine.checkpoint.files import StagingFolder, contents, first_failure, raise_if_failed, write_files
+from runner.engine.checkpoint.async_saves import AsyncSave
+from runner.engine.checkpoint.files import (
+    StagingFolder,
+    begin_save,
+    first_failure,
+    manifest_record,
+    raise_if_failed,
+    write_files,
+)
 from runner.engine.checkpoint.folders import (
     ProjectConfiguration,
     check_writable_target,
@@ -46,13 +54,13 @@ from runner.engine.checkpoint.folders import (
     failure_reason,
     next_automatic_checkpoint,
     remove_folder,
+    rename_into_place,
     staging_dir,
 )
 from runner.engine.checkpoint.folders import checkpoint_to_load as find_checkpoint
 from runner.engine.checkpoint.loading import load_training_state as load_whole_state
 from runner.engine.checkpoint.loading import restore_engine_metadata, verify_together
 from runner.engine.checkpoint.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
-from runner.engine.checkpoint.manifest_schema import check_metadata
 from runner.engine.constants import CHECKPOINT_PREFIX
 from runner.engine.distributed import DistributedEnvironment
 from runner.engine.ops import gather_object
@@ -91,18 +99,14 @@ def node_of(env: DistributedEnvironment) -> Node:
     return Node(owner, tuple(rank for rank, theirs in enumerate(owners) if theirs == owner))
 
 
-def check_save(prepared: PreparedObjects, *, background: str | None) -> None:
-    """Refuse what a node-local save cannot do; every rank decides alike, before any collective.
-
-    Args:
-        background: The save_state flag that asked for a background save (``"async_save"``), or None.
-    """
+def check_save(prepared: PreparedObjects, *, mode: AsyncSave) -> None:
+    """Refuse what a node-local save cannot do; every rank decides alike, before any collective."""
     _check_replicated(prepared, verb="save_state")
-    if background is not None:
+    if mode is not AsyncSave.NONE:
         raise ValueError(
-            f"save_state({background}=True) cannot be used with ProjectConfiguration(save_on_each_node=True): each "
-            "node commits only once every node has written and renamed its copy, which needs every rank; pass "
-            f"{background}=False."
+            f"save_state(async_save={mode.value!r}) cannot be used with ProjectConfiguration(save_on_each_node=True): "
+            "each node commits only once every node has written and renamed its copy, which needs every rank; pass "
+            "async_save=False."
         )
 
 
@@ -188,10 +192,7 @@ def save_training_state(
         CheckpointError: A rank failed to write, or an owner to commit (every rank raises the same
             sentence; no node holds the new checkpoint, and nothing older was deleted).
     """
-    mid_cycle = prepared.gradient_state.step % prepared.gradient_state.num_steps != 0
-    prepared.strategy.check_save(mid_cycle=mid_cycle)
-    metadata = metadata or {}
-    check_metadata(metadata)
+    mid_cycle, metadata = begin_save(prepared, metadata)
     node = node_of(prepared.env)
     rank, owns = prepared.env.rank, prepared.env.rank == node.owner
     staging = StagingFolder(staging_dir(target))
@@ -220,16 +221,11 @@ def save_training_state(
 
     fail.if_any(_attempt(write))  # every rank's files are on disk after it
 
-    record = {
-        "world_size": prepared.env.world_size,
-        "iteration": iteration,
-        "state_format": prepared.strategy.checkpoint_format,
-        "contents": contents(prepared, models=models, weights=weights, metadata=metadata, mid_cycle=mid_cycle),
-        "metadata": metadata,
-        "node_local_ranks": list(node.ranks),
-        "checksum": checksum,
-        "after_manifest": after_manifest,
-    }
+    record = manifest_record(
+        prepared, models=models, weights=weights, metadata=metadata, mid_cycle=mid_cycle, iteration=iteration,
+        checksum=checksum, after_manifest=after_manifest,
+    )  # fmt: skip
+    record["node_local_ranks"] = list(node.ranks)
     # (a) Every node's manifest is on disk before any node renames.
     fail.if_any(_attempt(lambda: _write_manifest(staging.path, record)) if owns else None)
 
@@ -237,7 +233,7 @@ def save_training_state(
     renamed: list[Path | None] = []  # on an owner that renamed: what it replaced (or None)
 
     def rename() -> None:
-        renamed.append(_rename_into_place(staging.path, target))
+        renamed.append(rename_into_place(staging.path, target))
         fsync_path(target.parent)  # after recording the rename: a failed fsync still puts it back below
 
     error = _attempt(rename) if owns else None
@@ -343,24 +339,9 @@ def _write_manifest(staging: Path, record: dict[str, Any]) -> None:
     sync_tree(staging)  # every file and folder on disk before any node renames
 
 
-def _rename_into_place(staging: Path, target: Path) -> Path | None:
-    """Make ``staging`` the checkpoint ``target``; return the checkpoint it replaced, kept aside (or None)."""
-    previous = None
-    if target.exists() and not (target.is_dir() and not any(target.iterdir())):
-        previous = target.with_name(target.name + ".previous")
-        remove_folder(previous)
-        os.replace(target, previous)
-    try:
-        os.replace(staging, target)  # onto an empty directory, rename replaces it atomically
-    except OSError:
-        if previous is not None:
-            os.replace(previous, target)
-        raise
-    return previous  # the caller syncs the parent folder, once it has recorded the rename
-
-
 def _put_back(target: Path, previous: Path | None) -> None:
-    """Undo :func:`_rename_into_place` on a node whose rename succeeded while another node's failed."""
+    """Undo :func:`~runner.engine.checkpoint.folders.rename_into_place` on a node whose rename succeeded while
+    another node's failed."""
     remove_folder(target)
     if previous is not None:
         os.replace(previous, target)

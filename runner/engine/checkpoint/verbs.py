@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from runner.engine.checkpoint.async_saves import AsyncSave
 from runner.engine.checkpoint.checkpointer import Checkpointer, is_stateful
 from runner.engine.checkpoint.folders import ProjectConfiguration
 from runner.engine.checkpoint.serialization import save_model_files, save_safetensors
@@ -152,8 +153,7 @@ class CheckpointVerbs:
         output_dir: str | os.PathLike | None = None,
         *,
         metadata: dict[str, Any] | None = None,
-        async_commit: bool = False,
-        async_save: bool = False,
+        async_save: AsyncSave | str | bool = False,
     ) -> str:
         """Save models, optimizers, schedulers, scaler, RNG states, data position and registered objects.
 
@@ -168,21 +168,21 @@ class CheckpointVerbs:
                 anything but a checkpoint is refused, since saving replaces it whole.
             metadata: JSON-able facts to record in the manifest besides the engine's own (step,
                 epoch, data position, accumulation, world size, files with sizes and digests).
-            async_save: Return once the state is copied to host memory (pinned under CUDA); every
-                rank writes and hashes its files, and rank 0 writes the manifest, syncs and commits,
-                in background threads while training goes on (FSDP's shards through
-                ``torch.distributed.checkpoint.async_save``). See :mod:`runner.engine.checkpoint.async_saves`.
-            async_commit: Return once every rank's files are written and hashed; rank 0 writes the
-                manifest and commits in a background thread. With either, the folder still appears
-                only once complete, and the next ``save_state``, ``load_state``,
-                ``wait_for_checkpoint`` or ``end_training`` waits for it (and raises its error on
-                every process).
+            async_save: What to leave to the background (:class:`~runner.engine.checkpoint.async_saves.AsyncSave`).
+                ``"writes"`` (or ``True``): return once the state is copied to host memory (pinned under
+                CUDA); every rank writes and hashes its files, and rank 0 writes the manifest, syncs and
+                commits, in background threads while training goes on (FSDP's shards through
+                ``torch.distributed.checkpoint.async_save``). ``"commit"``: return once every rank's files
+                are written and hashed; rank 0 writes the manifest and commits in a background thread.
+                Either way the folder still appears only once complete, and the next ``save_state``,
+                ``load_state``, ``wait_for_checkpoint`` or ``end_training`` waits for it (and raises its
+                error on every process). ``"none"`` (or ``False``, the default): return once committed.
 
         Returns:
             The checkpoint folder.
 
         Raises:
-            ValueError: No folder was given and naming is not automatic.
+            ValueError: No folder was given and naming is not automatic, or ``async_save`` names no mode.
             CheckpointError: ``output_dir`` holds something other than a checkpoint.
         """
         target = self._checkpointer.save(
@@ -190,19 +190,18 @@ class CheckpointVerbs:
             output_dir,
             project=self.project_configuration,
             metadata=metadata,
-            async_commit=async_commit,
-            async_save=async_save,
+            mode=AsyncSave.of(async_save),
         )
         return str(target)
 
     def wait_for_checkpoint(self) -> None:
-        """Block until a checkpoint saved with ``async_save`` or ``async_commit`` is committed; raise its error if
-        it failed.
+        """Block until a checkpoint saved in the background (``async_save``) is committed; raise its error if it
+        failed.
 
         Every process must call this (``save_state``, ``load_state`` and ``end_training`` do). After
-        ``async_save`` each process waits for its own background save, and all of them end with the
-        same outcome; after ``async_commit`` rank 0 waits for its commit, then tells every rank how it
-        went. Either way all of them raise alike.
+        ``async_save="writes"`` each process waits for its own background save, and all of them end with the
+        same outcome; after ``"commit"`` rank 0 waits for its commit, then tells every rank how it went.
+        Either way all of them raise alike.
         """
         self._checkpointer.wait()
 

@@ -21,6 +21,7 @@ from torch import nn
 from runner.engine import Accelerator, CheckpointError, ProjectConfiguration
 from runner.engine.checkpoint import async_saves as async_checkpoints
 from runner.engine.checkpoint import files as checkpoint_files
+from runner.engine.checkpoint.async_saves import AsyncSave
 from runner.engine.checkpoint.manifest import read_manifest
 from tests.helpers import (
     assert_same_optimizer_state,
@@ -400,7 +401,7 @@ def test_sigkill_during_the_background_write_leaves_the_previous_checkpoint_to_r
     assert accelerator.save_iteration == 1 and optimizer.steps == 3
 
 
-def test_the_metadata_is_copied_when_save_state_returns_and_both_flags_are_refused(tmp_path):
+def test_the_metadata_is_copied_when_save_state_returns_and_an_unknown_mode_is_refused(tmp_path):
     accelerator = Accelerator(project_config=ProjectConfiguration(str(tmp_path)))
     accelerator.prepare(torch.nn.Linear(2, 2))
     losses = [1, 2]
@@ -409,7 +410,11 @@ def test_the_metadata_is_copied_when_save_state_returns_and_both_flags_are_refus
     accelerator.wait_for_checkpoint()
     assert json.loads((Path(folder) / "manifest.json").read_text())["losses"] == [1, 2]
     with pytest.raises(ValueError) as error:
-        accelerator.save_state(tmp_path / "other", async_save=True, async_commit=True)
+        accelerator.save_state(tmp_path / "other", async_save="later")
     assert str(error.value) == (
-        "save_state(async_save=True) already commits in the background; pass async_commit=False with it."
+        "save_state(async_save='later') is not a mode; pass 'none', 'writes' (or True) or 'commit'."
     )
+    assert not (tmp_path / "other").exists()
+    assert [AsyncSave.of(value) for value in (False, True, "none", "writes", "commit", AsyncSave.COMMIT)] == [
+        AsyncSave.NONE, AsyncSave.WRITES, AsyncSave.NONE, AsyncSave.WRITES, AsyncSave.COMMIT, AsyncSave.COMMIT,
+    ]  # fmt: skip

@@ -218,7 +218,7 @@ def test_save_and_load_pre_hooks(tmp_path):
     assert len(calls) == 2
 
 
-def test_async_commit_returns_before_the_commit_and_every_wait_completes_it(tmp_path, monkeypatch):
+def test_a_background_commit_returns_before_the_commit_and_every_wait_completes_it(tmp_path, monkeypatch):
     import threading
 
     import runner.engine.checkpoint.manifest as manifest_module
@@ -232,13 +232,13 @@ def test_async_commit_returns_before_the_commit_and_every_wait_completes_it(tmp_
 
     monkeypatch.setattr(manifest_module, "write_manifest", slow_manifest)
     accelerator, model, *_ = build(tmp_path, total_limit=2)
-    folder = Path(accelerator.save_state(async_commit=True))
+    folder = Path(accelerator.save_state(async_save="commit"))
     assert not folder.exists() and (tmp_path / "checkpoints" / "checkpoint_0.incomplete").is_dir()
     release.set()
     accelerator.load_state()  # waits for the commit, then loads it
     assert (folder / "manifest.json").is_file()
     for _ in range(3):
-        accelerator.save_state(async_commit=True)
+        accelerator.save_state(async_save="commit")
     accelerator.end_training()  # waits for the last commit; rotation ran after each commit
     # The newest two stay, and checkpoint_0, which this run loaded.
     assert names(tmp_path) == ["checkpoint_0", "checkpoint_2", "checkpoint_3"]
@@ -254,7 +254,7 @@ def test_a_failed_background_commit_surfaces_and_leaves_the_previous_checkpoint(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(manifest_module, "write_manifest", disk_full)
-    accelerator.save_state(async_commit=True)
+    accelerator.save_state(async_save="commit")
     with pytest.raises(CheckpointError, match="Committing the last checkpoint failed: OSError: .*No space left"):
         accelerator.wait_for_checkpoint()
     accelerator.wait_for_checkpoint()  # reported once

@@ -77,7 +77,7 @@ def test_the_checkpointer_saves_and_loads_through_the_strategy_it_is_given(tmp_p
     saving = OwnFolders()
     prepared = _prepared(saving, seed=0)
     project = ProjectConfiguration(str(tmp_path), automatic_checkpoint_naming=True)
-    folder = Checkpointer().save(prepared, None, project=project, metadata=None, async_commit=False)
+    folder = Checkpointer().save(prepared, None, project=project, metadata=None)
     assert folder == tmp_path / "checkpoints" / "checkpoint_0" and project.iteration == 1
     assert saving.calls == [
         ("checkpoint_weights", 1),
@@ -101,7 +101,6 @@ def test_the_checkpointer_saves_and_loads_through_the_strategy_it_is_given(tmp_p
 def test_the_strategy_refuses_a_checkpoint_before_anything_is_loaded(tmp_path):
     folder = Checkpointer().save(
         _prepared(OwnFolders(), seed=0), tmp_path / "ck", project=ProjectConfiguration(), metadata=None,
-        async_commit=False,
     )  # fmt: skip
 
     class Refusing(OwnFolders):
@@ -121,7 +120,5 @@ def test_a_strategy_that_refuses_to_save_leaves_no_folder(tmp_path):
 
     prepared = _prepared(MidCycleRefusing(), seed=0)
     with pytest.raises(CheckpointError, match="not now"):
-        Checkpointer().save(
-            prepared, tmp_path / "ck", project=ProjectConfiguration(), metadata=None, async_commit=False
-        )
+        Checkpointer().save(prepared, tmp_path / "ck", project=ProjectConfiguration(), metadata=None)
     assert list(tmp_path.iterdir()) == []
