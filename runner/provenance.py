@@ -174,7 +174,7 @@ def check_unchanged(checkpoint: Path) -> None:
     Raises:
         CheckpointError: One sentence naming the checkpoint.
     """
-    from runner.engine.checkpoint import CheckpointError
+    from runner.engine.checkpoint.errors import CheckpointError
 
     if signature_of(checkpoint) == "changed":
         raise CheckpointError(
@@ -374,7 +374,7 @@ def check_resumable(
     Raises:
         ConfigError: One sentence listing what is refused and how to accept it.
     """
-    from runner.engine.checkpoint import CheckpointError
+    from runner.engine.checkpoint.errors import CheckpointError
 
     asked, doing = (f"resume={path}", "resuming") if command == "resume" else (f"runner {command} {path}", command)
     try:

@@ -83,7 +83,7 @@ def main(cfg: DictConfig, command: CommandLine | None = None) -> float | None:
     stamp("compose with Hydra")
     from runner.components import BatchError
     from runner.data.mnist_files import DataFileError, DownloadError
-    from runner.engine.checkpoint import CheckpointError
+    from runner.engine.checkpoint.errors import CheckpointError
     from runner.launch.elastic import WorkerFailed
     from runner.launch.lock import FolderLocked
     from runner.sweeps.job import JobFailed, SweepJob

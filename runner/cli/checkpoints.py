@@ -12,7 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from runner.engine.checkpoint import CheckpointError, checkpoint_number, read_manifest
+from runner.engine.checkpoint import checkpoint_number, read_manifest
+from runner.engine.checkpoint.errors import CheckpointError
 from runner.engine.constants import CHECKPOINTS_DIR, MANIFEST_NAME
 from runner.provenance import check_unchanged
 

@@ -156,7 +156,7 @@ def _model_to_export(
     """The checkpoint ``folder`` names, its manifest, the state dict to write and the merged model (or None)."""
     import torch
 
-    from runner.engine.checkpoint.manifest import CheckpointError
+    from runner.engine.checkpoint.errors import CheckpointError
     from runner.engine.checkpoint.model_weights import checkpoint_model_state, find_checkpoint
 
     try:

@@ -137,7 +137,7 @@ def generate(
 
     from runner.config import ConfigError
     from runner.data.download import DataFileError
-    from runner.engine.checkpoint.manifest import CheckpointError
+    from runner.engine.checkpoint.errors import CheckpointError
 
     _check_device(device)
     try:

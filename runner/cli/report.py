@@ -87,7 +87,8 @@ def final_metrics(run_dir: Path) -> dict:
 def newest_checkpoint(run_dir: Path) -> str:
     """``checkpoint_N (step S)`` for the run's newest intact checkpoint (sizes checked, not hashes), or a phrase
     saying there is none."""
-    from runner.engine.checkpoint import CheckpointError, checkpoints_dir, newest_intact_checkpoint, read_manifest
+    from runner.engine.checkpoint import checkpoints_dir, newest_intact_checkpoint, read_manifest
+    from runner.engine.checkpoint.errors import CheckpointError
 
     newest, _ = newest_intact_checkpoint(checkpoints_dir(str(run_dir)), verify_checksums=False)
     if newest is None:

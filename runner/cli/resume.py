@@ -184,7 +184,8 @@ def find_checkpoint(path: str, *, verify_checksums: bool = True, named: str | No
 def _check_intact(checkpoint: Path, named: str, *, verify_checksums: bool, verified: bool = False) -> None:
     """Refuse a damaged checkpoint, or one not written by the runner. Once its files are verified here
     (``verify_checksums``, or ``verified`` already), the workers this process starts do not hash them again."""
-    from runner.engine.checkpoint import CheckpointError, read_manifest
+    from runner.engine.checkpoint import read_manifest
+    from runner.engine.checkpoint.errors import CheckpointError
     from runner.engine.checkpoint.manifest import mark_verified
 
     try:
@@ -267,7 +268,8 @@ def check_extent(checkpoint: Path, cfg: DictConfig, *, path: str) -> None:
     Raises:
         ConfigError: One sentence with the checkpoint's step and the fix.
     """
-    from runner.engine.checkpoint import CheckpointError, read_manifest
+    from runner.engine.checkpoint import read_manifest
+    from runner.engine.checkpoint.errors import CheckpointError
 
     try:
         step = read_manifest(checkpoint, verify_checksums=False).get("step")

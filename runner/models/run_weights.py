@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from runner.engine.checkpoint.manifest import CheckpointError
+from runner.engine.checkpoint.errors import CheckpointError
 from runner.engine.checkpoint.model_weights import ModelWeights, find_model_weights
 
 

@@ -1,5 +1,6 @@
 """The engine's checkpoint room: what a checkpoint folder holds, and how it is written, committed, found and read.
 
+- :mod:`~runner.engine.checkpoint.errors`: :class:`CheckpointError`, in a module that imports nothing.
 - :mod:`~runner.engine.checkpoint.checkpointer`: ``save_state``/``load_state`` for a set of prepared objects
   (the :class:`Checkpointer` the Accelerator holds), and the facts a manifest records to continue exactly.
 - :mod:`~runner.engine.checkpoint.files`: what each rank writes into a staging folder.
@@ -22,6 +23,7 @@ strategies' shared base (:mod:`runner.engine.parallel.base`). The names below ar
 without loading the rest of the room.
 """
 
+from runner.engine.checkpoint.errors import CheckpointError, CheckpointNotFoundError
 from runner.engine.checkpoint.folders import (
     ProjectConfiguration,
     checkpoint_number,
@@ -29,7 +31,7 @@ from runner.engine.checkpoint.folders import (
     newest_intact_checkpoint,
     staging_dir,
 )
-from runner.engine.checkpoint.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
+from runner.engine.checkpoint.manifest import read_manifest
 
 __all__ = [
     "CheckpointError",

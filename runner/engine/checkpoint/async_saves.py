@@ -33,10 +33,10 @@ from typing import Any
 import torch
 
 from runner.engine.checkpoint import manifest as manifests
+from runner.engine.checkpoint.errors import CheckpointError
 from runner.engine.checkpoint.files import StagingFolder, own_shards
 from runner.engine.checkpoint.folders import commit as commit_folder
 from runner.engine.checkpoint.folders import failure_reason
-from runner.engine.checkpoint.manifest import CheckpointError
 from runner.files import sync_tree
 
 logger = logging.getLogger("runner")

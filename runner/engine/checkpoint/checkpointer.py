@@ -31,6 +31,7 @@ from torch.utils.hooks import RemovableHandle
 from runner.engine.checkpoint import manifest as manifests
 from runner.engine.checkpoint import node_local
 from runner.engine.checkpoint.async_saves import AsyncSave, BackgroundSaves, Snapshot, write_in_background
+from runner.engine.checkpoint.errors import CheckpointError
 from runner.engine.checkpoint.files import (
     StagingFolder,
     begin_save,
@@ -56,7 +57,6 @@ from runner.engine.checkpoint.loading import (
     load_training_state,
     restore_engine_metadata,
 )
-from runner.engine.checkpoint.manifest import CheckpointError
 from runner.engine.distributed import DistributedEnvironment, barrier
 from runner.engine.ops import broadcast_object_list, gather_object
 from runner.engine.parallel.base import unwrap_module

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from runner.engine.checkpoint.manifest import CheckpointError, file_entries
+from runner.engine.checkpoint.errors import CheckpointError
+from runner.engine.checkpoint.manifest import file_entries
 from runner.engine.checkpoint.manifest_schema import check_metadata
 from runner.engine.checkpoint.serialization import save_safetensors
 from runner.engine.checkpoint.torch_files import torch_save

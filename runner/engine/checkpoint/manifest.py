@@ -46,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
+from runner.engine.checkpoint.errors import CheckpointError, CheckpointNotFoundError
 from runner.engine.checkpoint.manifest_schema import (
     CHECKSUMS,
     MANIFEST_FORMAT,
@@ -63,14 +64,6 @@ from runner.files import write_text_atomically
 # and hashlib release the GIL): verifying costs a fraction of one core per slice, not one core per file.
 CHUNK_BYTES = 32 << 20
 DEFAULT_CHECKSUM = "xxh3_128"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded: incomplete, damaged, or of other objects. One sentence."""
-
-
-class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
-    """The checkpoint folder does not exist."""
 
 
 class Slice(NamedTuple):

@@ -15,7 +15,7 @@ out and ``runner.models.from_run`` loads.
 Only data is read: safetensors, DCP metadata through :func:`runner.engine.checkpoint.sharded_state.read_dcp_metadata`.
 A folder is data from whoever wrote it: a weights file that is a symbolic or hard link (its bytes those of some
 other file) is refused, and so is the ``aliases`` metadata of a file when it names a tensor the file lacks.
-Every error is one :class:`~runner.engine.checkpoint.manifest.CheckpointError` sentence naming the folder.
+Every error is one :class:`~runner.engine.checkpoint.errors.CheckpointError` sentence naming the folder.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
-from runner.engine.checkpoint.manifest import CheckpointError
+from runner.engine.checkpoint.errors import CheckpointError
 from runner.engine.constants import (
     CHECKPOINTS_DIR,
     DCP_METADATA_NAME,

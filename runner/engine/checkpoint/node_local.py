@@ -39,6 +39,7 @@ from torch import nn
 
 from runner.engine.checkpoint import manifest as manifests
 from runner.engine.checkpoint.async_saves import AsyncSave
+from runner.engine.checkpoint.errors import CheckpointError, CheckpointNotFoundError
 from runner.engine.checkpoint.files import (
     StagingFolder,
     begin_save,
@@ -60,7 +61,7 @@ from runner.engine.checkpoint.folders import (
 from runner.engine.checkpoint.folders import checkpoint_to_load as find_checkpoint
 from runner.engine.checkpoint.loading import load_training_state as load_whole_state
 from runner.engine.checkpoint.loading import restore_engine_metadata, verify_together
-from runner.engine.checkpoint.manifest import CheckpointError, CheckpointNotFoundError, read_manifest
+from runner.engine.checkpoint.manifest import read_manifest
 from runner.engine.constants import CHECKPOINT_PREFIX
 from runner.engine.distributed import DistributedEnvironment
 from runner.engine.ops import gather_object

@@ -31,7 +31,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from runner.engine.checkpoint.manifest import CheckpointError
+from runner.engine.checkpoint.errors import CheckpointError
 from runner.engine.checkpoint.torch_files import torch_save
 from runner.engine.constants import (
     SAFE_WEIGHTS_INDEX_NAME,

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from runner.engine.checkpoint.manifest import CheckpointError
+from runner.engine.checkpoint.errors import CheckpointError
 from runner.engine.constants import DCP_METADATA_NAME, MODEL_NAME, OPTIMIZER_NAME
 
 

@@ -29,7 +29,6 @@ from runner.engine.data.sampling import (
     seeded_worker_init_fn,
 )
 from runner.engine.data.shuffles import PlainShuffle
-from runner.engine.data_loader import prepare_data_loader, skip_first_batches  # Accelerate's signatures
 
 __all__ = [
     "BatchSamplerShard",
@@ -49,3 +48,13 @@ __all__ = [
     "seeded_worker_init_fn",
     "skip_first_batches",
 ]
+
+
+def __getattr__(name: str):
+    """Accelerate's ``prepare_data_loader`` and ``skip_first_batches`` (:mod:`runner.engine.data_loader`, which
+    builds on this room), imported when first read."""
+    if name in ("prepare_data_loader", "skip_first_batches"):
+        from runner.engine import data_loader
+
+        return getattr(data_loader, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from runner.engine.checkpoint.manifest import CheckpointError
+from runner.engine.checkpoint.errors import CheckpointError
 from runner.engine.data.batch_shards import BatchSamplerShard
 from runner.engine.data.sampling import SeedableRandomSampler, Sharding
 from runner.engine.data.shuffles import PlainShuffle, int64_draw

@@ -18,7 +18,7 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
-from runner.engine.checkpoint.manifest import CheckpointError
+from runner.engine.checkpoint.errors import CheckpointError
 
 _SHOWN = reprlib.Repr()  # keyword settings need Python 3.12
 _SHOWN.maxlist = _SHOWN.maxdict = 4

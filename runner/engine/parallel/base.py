@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from runner.engine.checkpoint.manifest import CheckpointError
+from runner.engine.checkpoint.errors import CheckpointError
 from runner.engine.checkpoint.torch_files import copied_out
 from runner.engine.constants import MODEL_NAME, OPTIMIZER_NAME, indexed_name
 

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from runner.engine.checkpoint import sharded_state
-from runner.engine.checkpoint.manifest import CheckpointError
+from runner.engine.checkpoint.errors import CheckpointError
 from runner.engine.constants import DCP_METADATA_NAME, MODEL_NAME, OPTIMIZER_NAME, indexed_name
 from runner.engine.distributed import DistributedEnvironment
 from runner.engine.parallel.base import (

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from runner.data import Mixture, Packed
 from runner.engine import Accelerator
-from runner.engine.checkpoint.manifest import CheckpointError
+from runner.engine.checkpoint.errors import CheckpointError
 from runner.engine.data.stream_states import shown
 from tests.helpers import StatefulRange
 

@@ -13,6 +13,7 @@ ENGINE = [
     "AcceleratedOptimizer",
     "AcceleratedScheduler",
     "Accelerator",
+    "AsyncSave",
     "AutocastKwargs",
     "CheckpointError",
     "DDPCommunicationHookType",

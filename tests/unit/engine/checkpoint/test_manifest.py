@@ -7,7 +7,8 @@ import pytest
 import xxhash
 
 from runner.engine.checkpoint import manifest as manifests
-from runner.engine.checkpoint.manifest import CHUNK_BYTES, CheckpointError, read_manifest, write_manifest
+from runner.engine.checkpoint.errors import CheckpointError
+from runner.engine.checkpoint.manifest import CHUNK_BYTES, read_manifest, write_manifest
 from runner.engine.checkpoint.manifest_schema import MANIFEST_FORMAT, check_metadata, manifest_digest
 from tests.unit.engine.checkpoint.checkpoint_edits import rewrite_manifest
 

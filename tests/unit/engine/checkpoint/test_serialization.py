@@ -10,7 +10,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from runner.engine.checkpoint.manifest import CheckpointError
+from runner.engine.checkpoint.errors import CheckpointError
 from runner.engine.checkpoint.serialization import (
     load_checkpoint_in_model,
     load_safetensors,
