@@ -39,8 +39,9 @@ from typing import NamedTuple
 # curves.png), and what the Hugging Face presets add where the extras are installed (torchmetrics has imported
 # transformers already, if it is).
 PRELOAD = ("torch", "torch._dynamo", "torchmetrics", "hydra", "omegaconf", "runner.cli", "runner.cli.app",
-           "runner.launch.worker", "runner.training", "tensorboard", "safetensors.torch", "matplotlib.figure",
-           "matplotlib.backends.backend_agg", "tensorboard.backend.event_processing.event_file_loader")  # fmt: skip
+           "runner.engine.accelerator", "runner.launch.worker", "runner.training", "tensorboard", "safetensors.torch",
+           "matplotlib.figure", "matplotlib.backends.backend_agg",
+           "tensorboard.backend.event_processing.event_file_loader")  # fmt: skip
 PRELOAD_IF_INSTALLED = ("transformers.models.gpt2.modeling_gpt2", "datasets", "peft")
 
 

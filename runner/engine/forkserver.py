@@ -40,8 +40,9 @@ if os.environ.pop(SERVER_ENV, None):
 _ENVIRONMENT_AT_IMPORT = dict(os.environ)
 
 
-def start(preload: Iterable[str] = ("torch",)) -> None:
-    """Start the forkserver with the modules ``preload`` imported in it, unless it runs already.
+def start(preload: Iterable[str] = ("torch", "runner.engine.accelerator")) -> None:
+    """Start the forkserver with the modules ``preload`` imported in it (by default torch and the engine's
+    Accelerator, with what it imports), unless it runs already.
 
     It returns at once; the server imports them in the background and skips any that fails to import. Once the
     server runs, its modules are fixed: a later call with other modules changes nothing.

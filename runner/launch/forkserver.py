@@ -15,8 +15,8 @@ import os
 from multiprocessing import forkserver
 
 # runner.engine.forkserver first: its environment snapshot is the server's (see there).
-PRELOAD = ("runner.engine.forkserver", "torch", "torch._dynamo", "torchmetrics", "runner.launch.worker",
-           "runner.training")  # fmt: skip
+PRELOAD = ("runner.engine.forkserver", "torch", "torch._dynamo", "torchmetrics", "runner.engine.accelerator",
+           "runner.launch.worker", "runner.training")  # fmt: skip
 SERVER_ENV = "RUNNER_FORKSERVER"  # runner.engine.forkserver.SERVER_ENV, which this module cannot import (torch)
 
 
