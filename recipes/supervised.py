@@ -138,20 +138,42 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     )  # fmt: skip
     max_grad_norm = cfg.trainer.max_grad_norm
     model.train()
-    for batch in loop.batches(train_loader):
-        inputs, targets = split_batch(batch, model_loss=model_loss)
-        with accelerator.accumulate(model):
-            loss = compute_loss(loss_fn, forward(model, inputs, targets, model_loss=model_loss), targets)
-            accelerator.backward(loss)
-            if accelerator.sync_gradients and max_grad_norm:
-                accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
-            optimizer.step()
-            if scheduler is not None and accelerator.sync_gradients and not accelerator.optimizer_step_was_skipped:
-                scheduler.step()
-            optimizer.zero_grad()
-        loop.micro_step(loss, samples=batch_size(inputs))
-        if accelerator.sync_gradients:
-            loop.optimizer_step(lr=optimizer.param_groups[0]["lr"])
+    while loop.step < total_steps:  # epoch after epoch, until the step budget is spent
+        for batch in train_loader:
+            inputs, targets = split_batch(batch, model_loss=model_loss)
+            with accelerator.accumulate(model):
+                loss = compute_loss(loss_fn, forward(model, inputs, targets, model_loss=model_loss), targets)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and max_grad_norm:
+                    accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()  # after a real optimizer step only (the engine's AcceleratedScheduler)
+                optimizer.zero_grad()
+            loop.micro_step(loss, samples=batch_size(inputs))
+            if not accelerator.sync_gradients:
+                continue
+            loop.optimizer_step(lr=optimizer.param_groups[0]["lr"])  # counted, and logged on its cadence
+            if loop.evaluation_due():
+                loop.evaluate()
+            if loop.checkpoint_due():
+                loop.checkpoint()
+            if loop.stop_requested():  # a stop signal reached some process: every process saves and stops here
+                if not loop.saved:
+                    loop.checkpoint()
+                loop.stop()
+            if loop.step >= total_steps:
+                break
+        else:  # the epoch ended before the budget: the cadences left null evaluate and save here
+            if loop.evaluation_due(epoch_ended=True):
+                loop.evaluate()
+            if loop.checkpoint_due(epoch_ended=True):
+                loop.checkpoint()
+    if not loop.evaluated:  # the last step is always evaluated and saved
+        loop.evaluate()
+    if not loop.saved:
+        loop.checkpoint()
+    loop.close()
 
     project_dir = Path(accelerator.project_dir)
     save_final_model(accelerator, model, project_dir / MODEL_DIR)

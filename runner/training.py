@@ -1,9 +1,9 @@
 """Bookkeeping a recipe calls: the step loop's rules, progress display, throughput, builders, metrics file.
 
-The forward, backward and optimizer step stay in the recipe. :class:`TrainingLoop` holds what every
-recipe must get exactly right and alike: the step budget, the log/eval/checkpoint cadences, the
-end-of-epoch rule, the stop that all ranks agree on after a signal, and the running loss that a
-resumed run continues bit for bit.
+The loop, the forward, backward and optimizer step, and the calls that evaluate, save and stop stay in the
+recipe, in plain sight. :class:`TrainingLoop` holds what every recipe must get exactly right and alike: the
+log/eval/checkpoint cadences, the end-of-epoch rule, the stop that all ranks agree on after a signal, and the
+running loss that a resumed run continues bit for bit.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -70,13 +70,31 @@ class TrainingProgress:
 
 
 class TrainingLoop:
-    """The rules of a recipe's step-driven loop; the recipe's ``train()`` keeps the forward and backward.
+    """The bookkeeping of a recipe's step-driven loop; the recipe's ``train()`` keeps the loop itself and calls
+    each side effect where it happens, as in::
 
-    ``for batch in loop.batches(loader)`` yields batches epoch after epoch until the step budget is
-    spent. The recipe calls :meth:`micro_step` after each backward and :meth:`optimizer_step` after
-    each step of the optimizer (when ``accelerator.sync_gradients``), which logs, evaluates and saves
-    on their cadences and stops the run, saved, when a signal reached any rank. An epoch that ends
-    evaluates and saves when those cadences are null, and the last step always does both.
+        while loop.step < total_steps:  # epoch after epoch, until the step budget is spent
+            for batch in train_loader:
+                ...  # forward, backward, optimizer and scheduler steps
+                loop.micro_step(loss, samples=...)
+                if not accelerator.sync_gradients:
+                    continue
+                loop.optimizer_step(lr=...)  # counted, and logged on its cadence
+                if loop.evaluation_due():
+                    loop.evaluate()
+                if loop.checkpoint_due():
+                    loop.checkpoint()
+                if loop.stop_requested():  # a signal reached some rank: every rank saves and stops here
+                    ...
+                if loop.step == total_steps:
+                    break
+            else:  # the epoch ended first: the cadences left null evaluate and save here
+                ...
+        # the last step is always evaluated and saved
+
+    The cadences are ``trainer.log_every_n_steps``, ``eval_every_n_steps`` and ``checkpoint_every_n_steps``
+    (null: at the end of each epoch). The running loss is kept in every checkpoint, so a resumed run logs the
+    same losses as an uninterrupted one.
 
     Args:
         accelerator: The run's Accelerator.
@@ -117,29 +135,34 @@ class TrainingLoop:
         self.stepped = False  # no optimizer step taken yet in this process
         self.running_loss, self.micro_batches = progress.running_loss(accelerator), progress.micro_batches
         self.last_eval, self.last_checkpoint = -1, progress.step if cfg.resume else -1
+        stamp("build and prepare")  # the recipe built and prepared everything before its loop
 
     @property
     def step(self) -> int:
         return self.progress.step
 
-    def batches(self, loader: Iterable) -> Iterator[Any]:
-        """The loader's batches, epoch after epoch, until ``total_steps`` optimizer steps are taken."""
-        stamp("build and prepare")  # the recipe built and prepared everything before its loop
-        while self.step < self.total_steps:
-            for batch in loader:
-                yield batch
-                if self.step >= self.total_steps:
-                    break
-            else:  # the epoch ended (rather than the step budget)
-                if self.eval_every is None and self.last_eval != self.step:
-                    self.evaluate()
-                if self.save_every is None and self.last_checkpoint != self.step:
-                    self.checkpoint()
-        if self.last_eval != self.step:
-            self.evaluate()
-        if self.last_checkpoint != self.step:
-            self.checkpoint()
-        self.reporter.close()
+    @property
+    def evaluated(self) -> bool:
+        """Whether this step was evaluated (or there is nothing to evaluate)."""
+        return self.evaluate_split is None or self.last_eval == self.step
+
+    @property
+    def saved(self) -> bool:
+        """Whether this step was saved: a fresh run's step 0 never is, a resumed run's first step is."""
+        return self.last_checkpoint == self.step
+
+    def evaluation_due(self, *, epoch_ended: bool = False) -> bool:
+        """Whether to evaluate now: every ``eval_every_n_steps`` steps, or, when that is null, at an epoch's end."""
+        if epoch_ended:
+            return self.eval_every is None and not self.evaluated
+        return every(self.eval_every, self.step) and self.evaluate_split is not None
+
+    def checkpoint_due(self, *, epoch_ended: bool = False) -> bool:
+        """Whether to save now: every ``checkpoint_every_n_steps`` steps, or, when that is null, at an epoch's
+        end."""
+        if epoch_ended:
+            return self.save_every is None and not self.saved
+        return every(self.save_every, self.step)
 
     def micro_step(self, loss, *, samples: int) -> None:
         """After a backward: add ``loss`` to this rank's running loss, ``samples`` (per process) to the throughput."""
@@ -148,11 +171,7 @@ class TrainingLoop:
         self.throughput.add(samples * self.accelerator.num_processes)
 
     def optimizer_step(self, *, lr: float) -> None:
-        """After an optimizer step: count it, then log, evaluate and save on their cadences; stop on a signal.
-
-        Raises:
-            preemption.Preempted: A stop signal reached some rank; every rank saved this step first.
-        """
+        """After an optimizer step: count it, and log on the log cadence."""
         if not self.stepped and self.accelerator.is_main_process:
             log_first_step()  # where the start-up time went
         self.stepped = True
@@ -160,15 +179,20 @@ class TrainingLoop:
         self.reporter.advance()
         if every(self.log_every, self.step):
             self.log_training(lr=lr)
-        if every(self.eval_every, self.step):
-            self.evaluate()
-        if every(self.save_every, self.step):
-            self.checkpoint()
-        if preemption.agreed(self.accelerator, self.step):  # a stop signal reached some process: all stop here
-            if self.last_checkpoint != self.step:
-                self.checkpoint()
-            self.accelerator.end_training()  # the checkpoint committed, the trackers took everything logged
-            raise preemption.Preempted(preemption.received() or "a peer's signal", self.step)
+
+    def stop_requested(self) -> bool:
+        """Whether a stop signal reached any process by this step (a collective: every rank calls it each step,
+        and all of them get the same answer)."""
+        return preemption.agreed(self.accelerator, self.step)
+
+    def stop(self) -> NoReturn:
+        """End the run at this step, once it is saved: the checkpoint committed, the trackers given everything.
+
+        Raises:
+            preemption.Preempted: Always; the launcher reports the step, and a requeued job resumes from it.
+        """
+        self.accelerator.end_training()
+        raise preemption.Preempted(preemption.received() or "a peer's signal", self.step)
 
     def log_training(self, *, lr: float) -> None:
         """The mean loss over every rank's micro-batches since the last log (a collective), lr and throughput."""
@@ -197,6 +221,10 @@ class TrainingLoop:
         metadata = {"step": self.step, "config_sha256": self.config_sha256}
         self.accelerator.save_state(metadata=metadata, async_save=self.async_checkpoint)
         self.last_checkpoint = self.step
+
+    def close(self) -> None:
+        """The progress bar's end."""
+        self.reporter.close()
 
     def objective(self, metric: str) -> float | None:
         """The final value of ``metric`` (``objective.metric``), or None if the run never logged it."""

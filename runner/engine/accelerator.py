@@ -78,6 +78,8 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
         dataloader_config: How loaders are sharded, see :class:`DataLoaderConfiguration`.
         step_scheduler_with_optimizer: Step prepared schedulers with the optimizer (see
             :class:`AcceleratedScheduler`); False steps them on every call.
+        step_scheduler_per_optimizer_step: Step them once per optimizer step on any number of processes (a
+            schedule in optimizer steps), instead of Accelerate's once per process's batch.
         rng_types: Generators made identical on all ranks at the start of every epoch (rank 0's
             state wins): any of ``"torch"``, ``"cuda"``, ``"python"``, ``"numpy"``, ``"generator"``.
         kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``, ``AutocastKwargs``,
@@ -121,12 +123,14 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
         fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
         parallelism_config: ParallelismConfig | None = None,
         tracker_process: bool = False,
+        step_scheduler_per_optimizer_step: bool = False,
     ) -> None:
         resolve_math_kernels()  # before any op this process runs on several threads (see runner.engine.numerics)
         handlers = sort_kwargs_handlers(kwargs_handlers)
         env = join_process_group(cpu=cpu, options=handlers.get(distributed.InitProcessGroupKwargs))
         self._set_configurations(project_config, project_dir, dataloader_config, split_batches)
         self.device_placement, self.step_scheduler_with_optimizer = device_placement, step_scheduler_with_optimizer
+        self.step_scheduler_per_optimizer_step = step_scheduler_per_optimizer_step
         self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
         self.log_with, self.tracker_process = log_with, tracker_process
         self.profile_handler = handlers.get(ProfileKwargs)
@@ -291,6 +295,7 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.split_batches,
             num_processes=self._data_parallel_size,
+            per_optimizer_step=self.step_scheduler_per_optimizer_step,
         )
         self._schedulers.append(prepared)
         return prepared

@@ -238,10 +238,13 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 class AcceleratedScheduler:
     """Wraps an LR scheduler so it steps only when its optimizer really stepped.
 
-    With ``step_with_optimizer`` (the default) one ``scheduler.step()`` follows each optimizer step.
-    Following Accelerate's convention, a schedule counts batches of one process: without
-    ``split_batches`` each optimizer step consumed ``num_processes`` such batches, so the scheduler
-    advances ``num_processes`` times. Set ``step_scheduler_with_optimizer=False`` to step it yourself.
+    With ``step_with_optimizer`` (the default) ``scheduler.step()`` steps it only after a real optimizer
+    step: not on a micro-step of accumulation, nor after a step the loss scaler skipped. Following
+    Accelerate's convention, a schedule counts batches of one process: without ``split_batches`` each
+    optimizer step consumed ``num_processes`` such batches, so the scheduler advances ``num_processes``
+    times. With ``per_optimizer_step`` it advances once, whatever the number of processes: a schedule
+    measured in optimizer steps, as Lightning's and torchtitan's are. Set
+    ``step_scheduler_with_optimizer=False`` to step it yourself on every call.
     """
 
     def __init__(
@@ -253,12 +256,13 @@ class AcceleratedScheduler:
         step_with_optimizer: bool = True,
         split_batches: bool = False,
         num_processes: int = 1,
+        per_optimizer_step: bool = False,
     ) -> None:
         self.scheduler = scheduler
         self.optimizers = optimizers
         self.gradient_state = gradient_state
         self.step_with_optimizer = step_with_optimizer
-        self.steps_per_call = 1 if split_batches else num_processes
+        self.steps_per_call = 1 if split_batches or per_optimizer_step else num_processes
         # OneCycleLR raises past its total_steps; stepping stops there instead.
         self._total_steps = getattr(scheduler, "total_steps", None)
 

@@ -94,8 +94,8 @@ def build_accelerator(cfg: DictConfig):
             iteration=cfg.project.iteration,
             checksum=cfg.project.checksum,
         ),
-        # Runner schedules count optimizer steps; recipes step them once per real optimizer step.
-        step_scheduler_with_optimizer=False,
+        # Runner schedules count optimizer steps: the scheduler steps once after each real optimizer step.
+        step_scheduler_per_optimizer_step=True,
         # A recipe's shuffle is a function of its seed and the epoch, whatever ran before it.
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
         kwargs_handlers=handlers,

@@ -32,15 +32,33 @@ def run_loop(tmp_path, *, batches: int, steps: int, accumulation: int = 1, **cad
         accelerator, cfg, progress=progress, total_steps=steps,
         evaluate=lambda: evaluated.append(progress.step) or {"eval/loss": float(progress.step)},
     )  # fmt: skip
-    for inputs, targets in loop.batches(loader):
-        with accelerator.accumulate(model):
-            loss = torch.nn.functional.mse_loss(model(inputs), targets) + progress.step  # tells the steps apart
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
-        loop.micro_step(loss, samples=len(inputs))
-        if accelerator.sync_gradients:
+    while loop.step < steps:  # the recipes' loop
+        for inputs, targets in loader:
+            with accelerator.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(inputs), targets) + progress.step  # tells the steps apart
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            loop.micro_step(loss, samples=len(inputs))
+            if not accelerator.sync_gradients:
+                continue
             loop.optimizer_step(lr=0.0)
+            if loop.evaluation_due():
+                loop.evaluate()
+            if loop.checkpoint_due():
+                loop.checkpoint()
+            if loop.step >= steps:
+                break
+        else:
+            if loop.evaluation_due(epoch_ended=True):
+                loop.evaluate()
+            if loop.checkpoint_due(epoch_ended=True):
+                loop.checkpoint()
+    if not loop.evaluated:
+        loop.evaluate()
+    if not loop.saved:
+        loop.checkpoint()
+    loop.close()
     accelerator.wait_for_checkpoint()  # the recipes' end_training does
     manifests = sorted((tmp_path / "checkpoints").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime_ns)
     saved = [json.loads(p.read_text())["step"] for p in manifests]

@@ -78,3 +78,31 @@ def test_a_schedule_free_optimizer_switches_modes_steps_and_round_trips_as_witho
     _steps_through_the_engine(resumed_accelerator, resumed_model, resumed, BATCHES[:2])
     _steps_by_hand(plain_model, plain, BATCHES[:2])
     assert resumed.param_groups[0]["k"] == 3 and _same(resumed_model, plain_model)
+
+
+def test_a_prepared_scheduler_steps_after_real_optimizer_steps_once_or_once_per_process():
+    """Accelerate's count: a schedule in one process's batches advances ``num_processes`` times per optimizer step;
+    ``step_scheduler_per_optimizer_step`` advances it once (a schedule in optimizer steps). Never on a micro-step."""
+    from runner.engine.optimizer import AcceleratedScheduler
+
+    accelerator = Accelerator(gradient_accumulation_steps=2, step_scheduler_per_optimizer_step=True)
+    model = nn.Linear(3, 2)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    prepared = accelerator.prepare(torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, lambda step: 1.0))
+    assert prepared.steps_per_call == 1
+    counted = {}
+    for per_optimizer_step in (False, True):
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, lambda step: 1.0)
+        scheduler = AcceleratedScheduler(
+            schedule, optimizers=[optimizer], gradient_state=accelerator.gradient_state, num_processes=2,
+            per_optimizer_step=per_optimizer_step,
+        )  # fmt: skip
+        counted[per_optimizer_step] = []
+        for x in BATCHES:
+            with accelerator.accumulate(model):
+                accelerator.backward(model(x).pow(2).mean())
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            counted[per_optimizer_step].append(schedule.last_epoch)
+    assert counted == {False: [0, 2, 2, 4], True: [0, 1, 1, 2]}
