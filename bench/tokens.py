@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, RandomSampler
 from runner.data.text import build_char_dataset
 from runner.engine import Accelerator
 from runner.models import GPT
-from runner.training import peak_bf16_flops
+from runner.training.loop import peak_bf16_flops
 
 
 @dataclass(frozen=True)

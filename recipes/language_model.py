@@ -20,14 +20,14 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, RandomSampler
 
-from runner import preemption, startup, trackers
-from runner.components import build, build_datasets
 from runner.data.text import VOCAB_FILE, CharVocab
 from runner.engine import Accelerator, CheckpointError, set_seed
 from runner.files import write_text_atomically
-from runner.layout import METRICS_FILE, MODEL_DIR, SAMPLES_FILE
+from runner.folders.layout import METRICS_FILE, MODEL_DIR, SAMPLES_FILE
 from runner.models.run_weights import weights_from_checkpoint
-from runner.training import (
+from runner.training import preemption, startup, tracker_setup
+from runner.training.components import build, build_datasets
+from runner.training.loop import (
     TrainingLoop,
     TrainingProgress,
     build_optimizer,
@@ -59,7 +59,7 @@ def evaluate(model, loader, accelerator: Accelerator, *, stop_on_signal: bool = 
 
     Every window holds the same number of characters, so the mean of the windows' mean losses is the
     mean over all characters. ``stop_on_signal`` (runner eval): a stop signal ends it at a batch
-    (:func:`runner.preemption.stop_evaluation`).
+    (:func:`runner.training.preemption.stop_evaluation`).
     """
     model.eval()
     losses = []
@@ -148,7 +148,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
         results = evaluate(model, eval_loader, accelerator, stop_on_signal=True)
         finish_evaluation(accelerator, cfg, results, step=progress.step)
         return None
-    trackers.start(accelerator, cfg)
+    tracker_setup.start(accelerator, cfg)
 
     peak_flops = peak_bf16_flops(accelerator.device)
 
@@ -211,6 +211,6 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
         summary = {**loop.metrics, "step": progress.step, "epoch": train_loader.iteration, **startup.timings()}
         write_metrics(project_dir / METRICS_FILE, summary)
         accelerator.log({"samples": "\n\n---\n\n".join(samples)}, step=progress.step)  # text, where a tracker takes it
-        trackers.finish(accelerator, cfg)
+        tracker_setup.finish(accelerator, cfg)
     accelerator.end_training()
     return loop.objective(cfg.objective.metric)

@@ -17,8 +17,14 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from runner import preemption, startup, trackers
-from runner.components import (
+from runner.engine import Accelerator, set_seed
+from runner.engine.data.dispatch import slice_rows
+from runner.folders.layout import METRICS_FILE, MODEL_DIR
+from runner.metrics import Metrics, build_metrics
+from runner.models.adapters import trainable_parameters
+from runner.models.run_weights import weights_from_checkpoint
+from runner.training import preemption, startup, tracker_setup
+from runner.training.components import (
     batch_size,
     build,
     build_datasets,
@@ -31,13 +37,7 @@ from runner.components import (
     save_final_model,
     split_batch,
 )
-from runner.engine import Accelerator, set_seed
-from runner.engine.data.dispatch import slice_rows
-from runner.layout import METRICS_FILE, MODEL_DIR
-from runner.metrics import Metrics, build_metrics
-from runner.models.adapters import trainable_parameters
-from runner.models.run_weights import weights_from_checkpoint
-from runner.training import (
+from runner.training.loop import (
     TrainingLoop,
     TrainingProgress,
     build_optimizer,
@@ -59,7 +59,8 @@ def evaluate(
     padding, so every rank holds every sample: the loss is the mean over samples, and the metrics
     update once on the gathered tensors. A loss the model computes itself is a batch mean: it is
     weighed by the batch's samples, and at the padded last step taken over the real samples only.
-    ``stop_on_signal`` (runner eval): a stop signal ends it at a batch (:func:`runner.preemption.stop_evaluation`).
+    ``stop_on_signal`` (runner eval): a stop signal ends it at a batch
+    (:func:`runner.training.preemption.stop_evaluation`).
     """
     model_loss = loss_fn is None
     model.eval()
@@ -130,7 +131,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
         results = evaluate(model, eval_loader, accelerator, loss_fn=loss_fn, metrics=metrics, stop_on_signal=True)
         finish_evaluation(accelerator, cfg, results, step=progress.step)
         return None
-    trackers.start(accelerator, cfg)
+    tracker_setup.start(accelerator, cfg)
 
     loop = TrainingLoop(
         accelerator, cfg, progress=progress, total_steps=total_steps,
@@ -180,6 +181,6 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     if accelerator.is_main_process:
         summary = {**loop.metrics, "step": progress.step, "epoch": train_loader.iteration, **startup.timings()}
         write_metrics(project_dir / METRICS_FILE, summary)
-        trackers.finish(accelerator, cfg)
+        tracker_setup.finish(accelerator, cfg)
     accelerator.end_training()
     return loop.objective(cfg.objective.metric)

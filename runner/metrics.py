@@ -48,8 +48,8 @@ from typing import Any
 
 import torch
 
-from runner.components import BatchError, build
 from runner.config import ConfigError
+from runner.training.components import BatchError, build
 
 PREFIX = "eval"
 REQUIRED_METHODS = ("update", "compute", "reset")

@@ -39,8 +39,8 @@ from typing import NamedTuple
 # curves.png), and what the Hugging Face presets add where the extras are installed (torchmetrics has imported
 # transformers already, if it is).
 PRELOAD = ("torch", "torch._dynamo", "torchmetrics", "hydra", "omegaconf", "runner.cli", "runner.cli.app",
-           "runner.engine.accelerator", "runner.launch.worker", "runner.training", "tensorboard", "safetensors.torch",
-           "matplotlib.figure", "matplotlib.backends.backend_agg",
+           "runner.engine.accelerator", "runner.launch.worker", "runner.training.loop", "tensorboard",
+           "safetensors.torch", "matplotlib.figure", "matplotlib.backends.backend_agg",
            "tensorboard.backend.event_processing.event_file_loader")  # fmt: skip
 PRELOAD_IF_INSTALLED = ("transformers.models.gpt2.modeling_gpt2", "datasets", "peft")
 
@@ -302,7 +302,7 @@ def _enter(host: Host) -> None:
 
 
 def _start_forkserver() -> None:
-    """In the child: start the run's forkserver (:mod:`runner.launch.forkserver`) now, forked from here, so that a
+    """In the child: start the run's forkserver (:mod:`runner.launch.preload`) now, forked from here, so that a
     run starting workers finds it running instead of spawning an interpreter that imports torch for seconds.
 
     It is the server multiprocessing would start: a process with the run's modules imported, this command's
@@ -313,7 +313,7 @@ def _start_forkserver() -> None:
     """
     from multiprocessing import connection, forkserver
 
-    from runner.launch.forkserver import PRELOAD as RUN_PRELOAD
+    from runner.launch.preload import PRELOAD as RUN_PRELOAD
 
     listener = socket.socket(socket.AF_UNIX)
     address = connection.arbitrary_address("AF_UNIX")

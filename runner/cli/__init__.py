@@ -4,6 +4,9 @@ Everything here happens in the launching process before a worker starts: the com
 one :class:`~runner.cli.command_line.CommandLine` (a typo is one sentence and exit code 2, before
 Hydra writes anything), the run's folder is locked, and Hydra composes and runs
 :class:`~runner.cli.app.HydraApp`. Nothing on this path imports torch unless a run is starting.
+
+It may import every layer below it (sweeps, the launch, and the config, run folders, training, data, models and
+engine beneath them); only the entry modules (``python -m runner``, runner.checkpoints, runner.report) import it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ def main() -> None:
     (:mod:`runner.cli.generate`).
     """
     from runner.launch.commands import command_of, run_command
-    from runner.startup import skip_collection_at_exit, stamp
+    from runner.training.startup import skip_collection_at_exit, stamp
 
     stamp("python start and imports")  # from the process's start: the interpreter, and the imports of the entry point
     skip_collection_at_exit()
@@ -48,7 +51,7 @@ def main() -> None:
 
         sys.exit(status(sys.argv[2:]))
     if sys.argv[1:2] == ["eval"]:  # runner eval RUN [key=value ...]: resume=RUN evaluate_only=true, checked as one
-        from runner import preemption
+        from runner.training import preemption
 
         sys.argv = _eval_command(sys.argv[2:])
         preemption.watch()  # a stop signal during the checks stops the evaluation before it starts, in one sentence
@@ -57,10 +60,10 @@ def main() -> None:
     from runner.cli.help import print_help
     from runner.config import ConfigError, register_configs
     from runner.data.download import DataFileError, DownloadError
-    from runner.launch.environment import LaunchEnvironment
+    from runner.launch.launch_environment import LaunchEnvironment
     from runner.launch.lock import FolderLocked
     from runner.launch.worker import exit_without_finalizing
-    from runner.startup import stamp
+    from runner.training.startup import stamp
 
     register_configs()
     import_from_working_directory()
@@ -112,8 +115,8 @@ def _eval_command(argv: list[str]) -> list[str]:
     if not argv or ("=" in argv[0] and not os.path.isdir(argv[0])):  # a sweep job's folder may be named lr=0.1
         print(f"runner: error: runner eval needs a run or checkpoint folder first; {EVAL_USAGE}", file=sys.stderr)
         sys.exit(USAGE_ERROR)
-    from runner import overrides as parsed
     from runner.config import ConfigError
+    from runner.config import overrides as parsed
 
     lines = [line for line in argv[1:] if "=" in line and not line.startswith("-")]  # Hydra's flags are Hydra's
     try:
@@ -143,9 +146,9 @@ def take_run_folder(command, args):
     (naming the claimed folder to Hydra) and the lock, or None when this process takes no folder.
     """
     from runner.cli.run_folder import claim_default_run_folder
+    from runner.config.overrides import hydra_value
     from runner.launch.lock import RunLock
     from runner.launch.preflight import check_writable
-    from runner.overrides import hydra_value
 
     lock = None
     if command.run_folder is not None:
@@ -159,7 +162,7 @@ def take_run_folder(command, args):
 
 
 def _names_run_dir(command) -> bool:
-    from runner import overrides as parsed
+    from runner.config import overrides as parsed
 
     return parsed.sets(command.overrides, "hydra.run.dir")
 

@@ -18,16 +18,16 @@ from typing import NoReturn
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from runner import preemption, trackers
 from runner.cli import RUNTIME_ERROR, USAGE_ERROR, report
 from runner.cli import resume as resumes
 from runner.cli.command_line import CommandLine
 from runner.config import CONF_DIR, CONFIG_NAME, ConfigError
+from runner.config.validation import check_devices, check_hardware, settle_options, validate
 from runner.launch import slurm
-from runner.launch.environment import LaunchEnvironment
+from runner.launch.launch_environment import LaunchEnvironment
 from runner.launch.preflight import check_rendezvous_port, check_resolves, check_writable, wait_for_rendezvous
-from runner.startup import elapsed, restart, stamp, stamps
-from runner.validation import check_devices, check_hardware, settle_options, validate
+from runner.training import preemption, tracker_setup
+from runner.training.startup import elapsed, restart, stamp, stamps
 
 logger = logging.getLogger("runner")
 
@@ -43,9 +43,9 @@ class HydraApp:
 
     def __setstate__(self, state: dict) -> None:
         """Unpickled in a launcher's worker process (joblib's, a Slurm job's), which composes its job's config itself
-        and ends as the launching process does (without collecting garbage: see runner.startup)."""
+        and ends as the launching process does (without collecting garbage: see runner.training.startup)."""
         from runner.cli import quiet_plugin_schema_warning
-        from runner.startup import skip_collection_at_exit
+        from runner.training.startup import skip_collection_at_exit
 
         self.__dict__.update(state)
         quiet_plugin_schema_warning()
@@ -81,12 +81,12 @@ def main(cfg: DictConfig, command: CommandLine | None = None) -> float | None:
     some other way) everything is checked here.
     """
     stamp("compose with Hydra")
-    from runner.components import BatchError
     from runner.data.mnist_files import DataFileError, DownloadError
     from runner.engine.checkpoint.errors import CheckpointError
     from runner.launch.elastic import WorkerFailed
     from runner.launch.lock import FolderLocked
     from runner.sweeps.job import JobFailed, SweepJob
+    from runner.training.components import BatchError
 
     stamp("import torch")
     job = SweepJob.current()  # None unless this is one job of a multirun
@@ -169,8 +169,8 @@ def _to_run_log(level: int, text: str) -> None:
 
 def _resolve(cfg: DictConfig, command: CommandLine | None, job) -> tuple[DictConfig, list[str]]:
     """The config to launch and the overrides it stands for: resumed if asked, checked unless already checked."""
+    from runner.config.targets import check_targets
     from runner.data import prepare_datasets
-    from runner.targets import check_targets
 
     # The command line checked this very config when it ran alone (a sweep job's config is one of many).
     checked = command is not None and command.checked and job is None
@@ -202,7 +202,7 @@ def _resolve(cfg: DictConfig, command: CommandLine | None, job) -> tuple[DictCon
 def _check_machine(cfg: DictConfig, project_dir: Path) -> None:
     """The run folder is writable, and a multi-node rendezvous can be reached (or hosted, on node 0)."""
     check_writable(project_dir, "project.project_dir")
-    trackers.check_reachable(cfg)
+    tracker_setup.check_reachable(cfg)
     if cfg.trainer.num_nodes > 1:
         check_resolves(cfg.trainer.rdzv_endpoint)  # on every node, at once
     if cfg.trainer.num_nodes > 1 and cfg.trainer.node_rank == 0:
@@ -219,7 +219,7 @@ def _launch(cfg: DictConfig, overrides: list[str], project_dir: Path, job) -> fl
 
     config = OmegaConf.to_container(cfg, resolve=True)
     config["project"]["project_dir"] = str(project_dir)
-    trackers.settle(
+    tracker_setup.settle(
         config, project_dir, sweep_dir=None if job is None else job.folder.parent,
         job_name=",".join(job.overrides)[:250] if job is not None and job.overrides else None,
     )  # fmt: skip

@@ -15,7 +15,7 @@ from pathlib import Path
 from runner.engine.checkpoint import checkpoint_number, read_manifest
 from runner.engine.checkpoint.errors import CheckpointError
 from runner.engine.constants import CHECKPOINTS_DIR, MANIFEST_NAME
-from runner.provenance import check_unchanged
+from runner.folders.provenance import check_unchanged
 
 
 def describe(run_dir: Path, *, verify_checksums: bool = True) -> list[dict]:

@@ -15,7 +15,6 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner import overrides as parsed
 from runner.cli import resume as resumes
 from runner.cli import single_run
 from runner.cli.check import check_overrides, check_plugins
@@ -23,11 +22,12 @@ from runner.cli.run_folder import check_run_folders, claim_default_run_folder, r
 from runner.cli.search_path import search_path_entries
 from runner.cli.single_run import ComposedRun
 from runner.config import CONFIG_NAME, ConfigError
+from runner.config import overrides as parsed
+from runner.config.overrides import hydra_value
+from runner.folders.layout import LOG_FORMAT
 from runner.launch import slurm
 from runner.launch.elastic import prepare_workers
-from runner.launch.environment import LaunchEnvironment
-from runner.layout import LOG_FORMAT
-from runner.overrides import hydra_value
+from runner.launch.launch_environment import LaunchEnvironment
 
 
 @dataclass(frozen=True)

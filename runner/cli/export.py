@@ -219,7 +219,7 @@ def _destination(to: Path) -> Path:
 def _check_outside_run(destination: Path, checkpoint: Path) -> None:
     """Refuse a ``--to`` inside the run's checkpoints or model folder (or inside the checkpoint exported): the run's
     saves, rotation and resume own those, and would take the export for one of theirs, or it them."""
-    from runner.layout import MODEL_DIR
+    from runner.folders.layout import MODEL_DIR
 
     run = _run_folder(checkpoint)
     protected = [(checkpoint, "the checkpoint being exported")]
@@ -236,7 +236,7 @@ def _run_config(checkpoint: Path):
     """The run's config saved in ``checkpoint`` (unresolved; read as :func:`_read_own_files` reads), None without."""
     from omegaconf import DictConfig, OmegaConf
 
-    from runner.layout import CONFIG_FILE
+    from runner.folders.layout import CONFIG_FILE
 
     content = _read_own_files(checkpoint, [CONFIG_FILE]).get(CONFIG_FILE)
     if content is None:
@@ -260,9 +260,9 @@ def _merged_model(checkpoint: Path, state: dict[str, Any], folder, trust: bool):
     from omegaconf import OmegaConf
 
     from runner.config import ConfigError
-    from runner.layout import CONFIG_FILE
+    from runner.folders.layout import CONFIG_FILE
+    from runner.folders.provenance import check_resumable
     from runner.models.adapters import with_peft
-    from runner.provenance import check_resumable
 
     config = _run_config(checkpoint)
     if config is None:
@@ -297,8 +297,8 @@ def _merged_model(checkpoint: Path, state: dict[str, Any], folder, trust: bool):
 
 
 def _build(node, *, key: str):
-    """:func:`runner.components.build`, with a ``_target_`` that does not import as one sentence naming it."""
-    from runner.components import build
+    """:func:`runner.training.components.build`, with a ``_target_`` that does not import as one sentence naming it."""
+    from runner.training.components import build
 
     try:
         return build(node, key=key)
@@ -315,7 +315,7 @@ def _build(node, *, key: str):
 
 def _merged_config(model, to: Path, dtype: str | None) -> list[Path]:
     """config.json (and generation_config.json) of a merged transformers model; [] for any other."""
-    from runner.components import save_pretrained_config
+    from runner.training.components import save_pretrained_config
 
     written = save_pretrained_config(model, to)
     if written and dtype is not None:
@@ -327,7 +327,7 @@ def _merged_config(model, to: Path, dtype: str | None) -> list[Path]:
 
 def _hugging_face_files(checkpoint: Path, to: Path, state: dict[str, Any], dtype: str | None) -> list[Path]:
     """A transformers model's config.json (and generation_config.json) in ``to``; [] for any other model."""
-    from runner.layout import CONFIG_FILE, MODEL_DIR
+    from runner.folders.layout import CONFIG_FILE, MODEL_DIR
 
     run = _run_folder(checkpoint)
     final = _read_own_files(run / MODEL_DIR, HF_FILES) if run is not None else {}  # when the run finished

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.files import hard_link_sentence
-from runner.foreign_config import PURE_RESOLVERS, RESOLVER
+from runner.folders.foreign_config import PURE_RESOLVERS, RESOLVER
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 # A staging folder's name says which machine and process writes it, so that a later export tells one a killed
@@ -151,7 +151,7 @@ def _check_own_files(checkpoint: Path) -> None:
     A symbolic link, or a hard link (a file with other names, which may be outside the folder: a key in your home),
     would make export read, and copy into ``--to``, a file that is not the run's.
     """
-    from runner.layout import MODEL_DIR
+    from runner.folders.layout import MODEL_DIR
 
     run = _run_folder(checkpoint)
     if run is not None:
@@ -185,7 +185,7 @@ def _refuse_link(path: Path, info: os.stat_result) -> None:
 
 
 def _symbolic_link_error(path: Path) -> ExportError:
-    from runner.layout import link_error
+    from runner.folders.layout import link_error
 
     try:
         return ExportError(str(link_error(path)))  # the sentence every command gives for a link in a run folder

@@ -191,12 +191,12 @@ def _check_device(device: str) -> None:
 
 def _run(folder: str, *, trust: bool):
     """The run's config (trust-checked, as resume checks it) and the folder of the weights to load, once no link is
-    found in the run (see :func:`runner.layout.check_no_links`) or among the checkpoint's files read here."""
+    found in the run (see :func:`runner.folders.layout.check_no_links`) or among the checkpoint's files read here."""
     from runner.cli.run_folder import resumed_run_folder
     from runner.engine.checkpoint.model_weights import check_not_linked, find_checkpoint
     from runner.engine.constants import MANIFEST_NAME
-    from runner.layout import CONFIG_FILE, MODEL_DIR, OVERRIDES_FILE, check_no_links
-    from runner.provenance import SIGNATURE_FILE, check_resumable
+    from runner.folders.layout import CONFIG_FILE, MODEL_DIR, OVERRIDES_FILE, check_no_links
+    from runner.folders.provenance import SIGNATURE_FILE, check_resumable
 
     path = Path(folder).expanduser().absolute()
     check_no_links(resumed_run_folder(folder))
@@ -260,7 +260,7 @@ def _generate_hugging_face(
     import torch
     from omegaconf import OmegaConf
 
-    from runner.components import build
+    from runner.training.components import build
 
     tokenizer_node = OmegaConf.select(cfg, "data.train.tokenizer")
     tokenizer = build(tokenizer_node, key="data.train.tokenizer") if tokenizer_node is not None else None
@@ -354,8 +354,8 @@ def _check_not_empty(prompt: str | list[int]) -> None:
 
 def _built(node, **given):
     """The run's model node, built without reading what a ``from_run`` in it names: the run's weights come next."""
-    from runner.components import build
     from runner.models.run_weights import weights_from_checkpoint
+    from runner.training.components import build
 
     with weights_from_checkpoint():
         return build(node, key="model", **given)

@@ -8,7 +8,7 @@ every other ``eval/*`` metric and the learning rate on one panel each, over the 
 
 The closing lines say what happened (finished, failed, stopped), where the run is, how long it took,
 its final metrics, its newest intact checkpoint, and the commands that evaluate or continue it.
-Everything is read from the folder alone, as data (:mod:`runner.layout`).
+Everything is read from the folder alone, as data (:mod:`runner.folders.layout`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 
 from runner.files import write_atomically
-from runner.layout import CURVES_PNG, LOGS_DIR, METRICS_FILE
+from runner.folders.layout import CURVES_PNG, LOGS_DIR, METRICS_FILE
 
 LOSSES = ("train/loss", "eval/loss")
 LEARNING_RATE = "train/lr"
@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
     import sys
 
     from runner.config import ConfigError
-    from runner.layout import check_no_links
+    from runner.folders.layout import check_no_links
 
     parser = argparse.ArgumentParser(
         prog="runner report", description="Redraw a run's curves.png, or rebuild a sweep's summary.csv, .md, .png."

@@ -17,9 +17,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner import overrides as parsed
 from runner.config import CONFIG_GROUPS, TRUST_KEY, ConfigError
-from runner.layout import CONFIG_FILE, saved_overrides
+from runner.config import overrides as parsed
+from runner.folders.layout import CONFIG_FILE, saved_overrides
 
 logger = logging.getLogger("runner")
 
@@ -38,12 +38,12 @@ def from_command_line(path: str, overrides: list[str], *, search_path: list[str]
     """The resume ``resume=path`` asks for, checked before anything of the folder's config is composed.
 
     The checkpoint's files are verified against its manifest; a folder you did not write is refused
-    unless the command trusts it (:func:`runner.provenance.check_resumable`).
+    unless the command trusts it (:func:`runner.folders.provenance.check_resumable`).
 
     Raises:
         ConfigError: No such checkpoint, a damaged one, an untrusted folder, or an override switching a group.
     """
-    from runner.provenance import check_resumable
+    from runner.folders.provenance import check_resumable
 
     evaluates = str(parsed.value(overrides, "evaluate_only")).lower() == "true"  # runner eval's command line
     verb = "eval" if evaluates else "resume"
@@ -70,7 +70,7 @@ def from_config(path: str, overrides: list[str], *, search_path: list[str]) -> R
     Raises:
         ConfigError: No such checkpoint, or a folder you did not write that the overrides do not trust.
     """
-    from runner.provenance import check_resumable
+    from runner.folders.provenance import check_resumable
 
     run_dir, checkpoint = find_checkpoint(path)  # verified here (past damaged ones), so not again by the workers
     check_resumable(checkpoint, path=path, overrides=overrides, search_path=search_path)
@@ -167,7 +167,7 @@ def find_checkpoint(path: str, *, verify_checksums: bool = True, named: str | No
             f"{named} is neither a checkpoint folder (checkpoint_N) nor a run folder (it has no "
             f"{CHECKPOINTS_DIR}/ folder); pass one of those."
         )
-    from runner.provenance import check_unchanged
+    from runner.folders.provenance import check_unchanged
 
     # A checkpoint of yours changed since it was saved is damaged: passed over like one whose files do not match.
     newest, skipped = newest_intact_checkpoint(

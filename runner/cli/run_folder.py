@@ -26,10 +26,10 @@ from datetime import datetime
 from itertools import count
 from pathlib import Path
 
-from runner import overrides as parsed
 from runner.config import CONF_DIR, CONFIG_NAME, ConfigError
-from runner.layout import as_written as _as_written
-from runner.layout import check_no_links, resumed_run_folder
+from runner.config import overrides as parsed
+from runner.folders.layout import as_written as _as_written
+from runner.folders.layout import check_no_links, resumed_run_folder
 
 # Keys that name a folder a run (or each job of a sweep) writes into.
 FOLDER_KEYS = ("hydra.run.dir", "project.project_dir", "hydra.sweep.dir")
@@ -37,8 +37,8 @@ _NOW = re.compile(r"\$\{now:([^}]*)\}")
 
 
 def check_run_folders(overrides: list[str]) -> None:
-    """:func:`~runner.layout.check_no_links` for every run folder ``overrides`` name: those of :data:`FOLDER_KEYS`
-    and ``resume=``'s.
+    """:func:`~runner.folders.layout.check_no_links` for every run folder ``overrides`` name: those of
+    :data:`FOLDER_KEYS` and ``resume=``'s.
 
     A ``resume=`` path is taken as written, not resolved: a linked ``checkpoints/`` or
     ``checkpoint_N`` would otherwise move the run, and Hydra's writes, to wherever the link points.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runner import overrides as parsed
 from runner.config import ConfigError
-from runner.overrides import hydra_value
+from runner.config import overrides as parsed
+from runner.config.overrides import hydra_value
 
 
 def is_search_path(override: str) -> bool:

@@ -18,7 +18,7 @@ folder gets one line: running, finished, or stopped with its newest checkpoint.
 
 Nothing is written and nothing is contacted (Slurm is not asked: a job the scheduler dropped without a word
 shows as the folder last saw it). A folder holding a link is refused, as everywhere (see
-:func:`runner.layout.check_no_links`).
+:func:`runner.folders.layout.check_no_links`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runner.layout import METRICS_FILE, SUBMITIT_DIR
+from runner.folders.layout import METRICS_FILE, SUBMITIT_DIR
 
 if TYPE_CHECKING:
     from runner.sweeps.report import Job
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
               file=sys.stdout if argv[:1] in (["-h"], ["--help"]) else sys.stderr)  # fmt: skip
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     from runner.config import ConfigError
-    from runner.layout import check_no_links
+    from runner.folders.layout import check_no_links
 
     folder = Path(argv[0]).expanduser().absolute()
     if not folder.is_dir():

@@ -72,8 +72,8 @@ def prepare_datasets(data) -> None:
 
     from omegaconf import OmegaConf
 
-    from runner.components import build
-    from runner.targets import locate
+    from runner.config.targets import locate
+    from runner.training.components import build
 
     for split in ("train", "eval"):
         node = data[split]

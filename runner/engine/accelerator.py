@@ -25,7 +25,7 @@ from runner.engine.checkpoint.folders import ProjectConfiguration
 from runner.engine.checkpoint.verbs import CheckpointVerbs
 from runner.engine.constants import MIXED_PRECISION_ENV
 from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader
-from runner.engine.data.loaders import prepare_data_loader
+from runner.engine.data.prepare import prepare_data_loader
 from runner.engine.distributed import AcceleratorState, DistributedEnvironment, join_process_group
 from runner.engine.kwargs_handlers import sort_kwargs_handlers
 from runner.engine.memory import release_memory

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from runner.engine.data.batch_shards import BatchSamplerShard
 from runner.engine.data.dispatch import DispatchedDataLoader, IterableDatasetShard
 from runner.engine.data.loader import DataLoaderConfiguration, PreparedDataLoader
-from runner.engine.data.loaders import prepare_data_loader as _prepare
+from runner.engine.data.prepare import prepare_data_loader as _prepare
 from runner.engine.data.sampling import SeedableRandomSampler
 from runner.engine.ops import rank_zero_value
 from runner.engine.optimizer import GradientAccumulationPlugin, GradientState

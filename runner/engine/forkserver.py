@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterable, Mapping
 from multiprocessing import forkserver
 from typing import Any
 
-# Set in the server's environment while start() starts it (runner.launch.forkserver.start too), and taken out of it
+# Set in the server's environment while start() starts it (runner.launch.preload.start too), and taken out of it
 # here: the server, which imports this module first, ends without collecting garbage over the modules it preloaded
-# (a second of CPU once torch is imported; see runner.startup.skip_collection_at_exit).
+# (a second of CPU once torch is imported; see runner.training.startup.skip_collection_at_exit).
 SERVER_ENV = "RUNNER_FORKSERVER"
 if os.environ.pop(SERVER_ENV, None):
     atexit.register(gc.freeze)

@@ -17,10 +17,10 @@ import sys
 import uuid
 from typing import Any
 
-from runner import preemption
-from runner.launch import forkserver
-from runner.launch.environment import LaunchEnvironment
+from runner.launch import preload
+from runner.launch.launch_environment import LaunchEnvironment
 from runner.launch.lost_nodes import NodeWatch
+from runner.training import preemption
 
 logger = logging.getLogger("runner")
 
@@ -53,9 +53,9 @@ def starts_workers(trainer: Any) -> bool:
 
 def prepare_workers(cfg: Any) -> None:
     """Before the checks: a run that will start workers here starts the process they are forked from, which
-    imports torch meanwhile (see :mod:`runner.launch.forkserver`)."""
+    imports torch meanwhile (see :mod:`runner.launch.preload`)."""
     if starts_workers(cfg.trainer):
-        forkserver.start()
+        preload.start()
 
 
 def launch(config: dict[str, Any], overrides: list[str], *, environment: LaunchEnvironment) -> float | None:
@@ -97,7 +97,7 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
     previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _stop_launch)
     # Forked from the server started before the checks; a sweep's first job starts it here, and its later jobs
     # fork from it too. elastic_run hands each worker the environment of this launch.
-    forkserver.start()
+    preload.start()
     watch = NodeWatch(trainer, config["project"]["project_dir"]) if num_nodes > 1 else None
     try:
         with watch or contextlib.nullcontext(), _quiet_failure_logs():

@@ -67,7 +67,7 @@ class RunLock:
             descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError:
             if self.path.is_symlink():
-                from runner.layout import link_error
+                from runner.folders.layout import link_error
 
                 raise link_error(self.path) from None
             raise

@@ -145,11 +145,11 @@ def check_construction(cfg) -> None:
     """
     import torch
 
-    from runner.components import build, build_loss
     from runner.config import RECIPES
     from runner.metrics import build_metrics
     from runner.models.run_weights import weights_from_checkpoint
-    from runner.training import build_optimizer, build_scheduler
+    from runner.training.components import build, build_loss
+    from runner.training.loop import build_optimizer, build_scheduler
 
     try:
         with torch.device("meta"), weights_from_checkpoint("check"):  # from_run: its source exists, nothing read

@@ -144,9 +144,9 @@ def command_line(given: dict[str, str]) -> list[str]:
 
     Args:
         given: The values of the overrides already on the command line, by key (see
-            :func:`runner.overrides.values`); they win over Slurm's.
+            :func:`runner.config.overrides.values`); they win over Slurm's.
     """
-    from runner.overrides import hydra_value
+    from runner.config.overrides import hydra_value
 
     job = os.environ["SLURM_JOB_ID"]
     extra = [] if "hydra.run.dir" in given else [f"hydra.run.dir=outputs/slurm-{job}"]

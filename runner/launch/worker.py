@@ -12,13 +12,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner import preemption, trackers
 from runner.config import FSDPConfig
+from runner.config.recipe_validation import recipe_module
+from runner.folders.layout import CONFIG_FILE, LOG_FILE, LOG_FORMAT, LOGS_DIR, OVERRIDES_FILE
 from runner.launch import lost_nodes
-from runner.launch.environment import LaunchEnvironment
-from runner.layout import CONFIG_FILE, LOG_FILE, LOG_FORMAT, LOGS_DIR, OVERRIDES_FILE
-from runner.recipe_validation import recipe_module
-from runner.startup import stamp
+from runner.launch.launch_environment import LaunchEnvironment
+from runner.training import preemption, tracker_setup
+from runner.training.startup import stamp
 
 logger = logging.getLogger("runner")
 
@@ -84,7 +84,7 @@ def build_accelerator(cfg: DictConfig):
         mixed_precision=cfg.trainer.mixed_precision,
         gradient_accumulation_steps=cfg.trainer.gradient_accumulation_steps,
         cpu=cfg.trainer.cpu,
-        log_with=trackers.build(cfg),
+        log_with=tracker_setup.build(cfg),
         tracker_process=cfg.trainer.tracker_process,
         project_config=ProjectConfiguration(
             str(project_dir),
@@ -106,11 +106,12 @@ def build_accelerator(cfg: DictConfig):
 
 def record_config_in_checkpoints(accelerator, config: dict[str, Any], overrides: list[str]) -> None:
     """Write the run's config and overrides into every checkpoint, and sign them with its manifest once that is
-    written, so resume can rebuild the run and knows it for one of yours, as it was saved (:mod:`runner.provenance`).
+    written, so resume can rebuild the run and knows it for one of yours, as it was saved
+    (:mod:`runner.folders.provenance`).
 
     Under ``save_on_each_node`` each node's local main process writes them into its node's copy, so
     ``resume=`` works on every node (and signs that copy: it writes the copy's manifest)."""
-    from runner import provenance
+    from runner.folders import provenance
 
     each_node = accelerator.project_configuration.save_on_each_node
 

@@ -1,4 +1,8 @@
-"""Small reference models: plain ``nn.Module``s that know nothing about how they are parallelised."""
+"""Small reference models: plain ``nn.Module``s that know nothing about how they are parallelised.
+
+They may import the config's errors, the run folder's provenance (a run's weights are data) and the engine's
+checkpoint room; nothing above them.
+"""
 
 from runner.models.adapters import with_peft
 from runner.models.cnn import MnistCNN

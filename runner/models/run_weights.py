@@ -78,7 +78,7 @@ def from_run(source: str | os.PathLike, model: nn.Module, strict: bool = True, *
 def _found_weights(source: str | os.PathLike) -> ModelWeights:
     """The weights ``source`` holds, their headers read, once no link is found where they are."""
     from runner.config import ConfigError
-    from runner.layout import check_no_links
+    from runner.folders.layout import check_no_links
 
     path = Path(source).expanduser().absolute()
     try:
@@ -92,7 +92,7 @@ def _folder_to_check(path: Path) -> Path:
     """The folder walked for links: the run a ``checkpoints/<name>`` or ``model/`` belongs to (either may be the
     link), else ``path`` itself, which the user named (it and the folders above it may be links)."""
     from runner.engine.constants import CHECKPOINTS_DIR
-    from runner.layout import MODEL_DIR, resumed_run_folder
+    from runner.folders.layout import MODEL_DIR, resumed_run_folder
 
     folder = resumed_run_folder(str(path))
     if folder.name == MODEL_DIR and (folder.parent / CHECKPOINTS_DIR).is_dir():

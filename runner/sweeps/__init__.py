@@ -16,4 +16,7 @@ report.py (``python -m runner.report``).
 
 Hydra's own sweepers (Optuna's, say) restart their numbering and overwrite; with them jobs are
 recorded and summarised, but not skipped or resumed.
+
+It may import the launch and what is below it (the config, run folders, the engine's checkpoint room,
+:mod:`runner.files`); never the command line.
 """

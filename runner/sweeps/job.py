@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runner import overrides as parsed
+from runner.config import overrides as parsed
 from runner.files import write_text_atomically
-from runner.layout import saved_overrides
+from runner.folders.layout import saved_overrides
 from runner.sweeps.jobs import FAILED, FINISHED, JOB_FILE, REQUEUED, RUNNING, STOPPED, read_job
 
 logger = logging.getLogger("runner")

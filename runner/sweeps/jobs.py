@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from runner import overrides as parsed
+from runner.config import overrides as parsed
 
 JOB_FILE = "job.json"
 FINISHED, FAILED, RUNNING, STOPPED = "finished", "failed", "running", "stopped"  # a job's status

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from runner.layout import HYDRA_DIR, HYDRA_OVERRIDES_FILE, LOG_FILE
+from runner.folders.layout import HYDRA_DIR, HYDRA_OVERRIDES_FILE, LOG_FILE
 from runner.sweeps.jobs import FINISHED, read_job
 from runner.sweeps.report import SUMMARY_MD
 from runner.sweeps.summary import summarise

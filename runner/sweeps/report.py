@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner import overrides as parsed
+from runner.config import overrides as parsed
 from runner.files import write_atomically, write_text_atomically
-from runner.layout import HYDRA_DIR, HYDRA_OVERRIDES_FILE, LOGS_DIR, METRICS_FILE
+from runner.folders.layout import HYDRA_DIR, HYDRA_OVERRIDES_FILE, LOGS_DIR, METRICS_FILE
 from runner.sweeps.jobs import JOB_FILE, read_job, swept_keys
 
 SUMMARY_CSV, SUMMARY_MD, SUMMARY_PNG = "summary.csv", "summary.md", "summary.png"  # in the sweep folder

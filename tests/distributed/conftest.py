@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from runner.engine.launchers import debug_launcher
-from runner.launch import forkserver
+from runner.launch import preload
 from tests.distributed.groups import WorkerGroup
 
 
@@ -21,7 +21,7 @@ def launch_workers(fn: Callable[..., Any], *args: Any, nproc: int = 2) -> list[A
     preloaded), each in this process's environment of the launch (as spawned workers would be, in a
     fraction of the time). A worker that raises fails the test with that worker's traceback.
     """
-    forkserver.start()
+    preload.start()
     try:
         return debug_launcher(fn, args, num_processes=nproc, start_method="forkserver")
     finally:

@@ -9,8 +9,8 @@ own results. Between two functions every worker puts back what a fresh worker st
 folder, the random generators of torch, Python and NumPy, its thread count, torch's default dtype and
 determinism, its signal handlers, logging handlers and warning filters, ``sys.path``, and every attribute of the
 runner's modules (a function may replace one to fail a save on one rank) with the stop signals
-:mod:`runner.preemption` recorded. What it keeps is the process group (every ``Accelerator()`` joins the one the
-first created) and the modules it imported.
+:mod:`runner.training.preemption` recorded. What it keeps is the process group (every ``Accelerator()`` joins the
+one the first created) and the modules it imported.
 
 A group runs functions only for callers with the environment it was launched with: a test that sets a variable
 a worker reads at start (TORCH_DISTRIBUTED_DEBUG, say) gets a new group. A function that raises on a rank, or
@@ -230,7 +230,8 @@ class _FreshState:
             for attribute, value in attributes.items():
                 if namespace.get(attribute, _MISSING) is not value:
                     setattr(module, attribute, value)
-        sys.modules["runner.preemption"]._received.clear()  # the stop signals recorded (none in a fresh worker)
+        # The stop signals recorded (none in a fresh worker).
+        sys.modules["runner.training.preemption"]._received.clear()
 
 
 _MISSING = object()

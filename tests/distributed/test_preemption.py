@@ -3,8 +3,8 @@
 import os
 import signal
 
-from runner import preemption
 from runner.engine import Accelerator
+from runner.training import preemption
 
 
 def _stop_steps(signal_steps):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.startup import STARTUP_ENV
+from runner.training.startup import STARTUP_ENV
 from tests.preloaded import run_module
 from tests.shared_data import MNIST
 

@@ -29,7 +29,8 @@ pytestmark = needs_shakespeare
 def hf_args(*extra: str) -> list[str]:
     """The tiny model on the real corpus, a flat learning rate (so max_steps does not shape it: resume runs
     compare with uninterrupted ones), evaluated at the end on the last 1% of the lines. ``scheduler=constant``
-    switches the group the experiment set, which leaves its cosine keys out (runner.validation.settle_options)."""
+    switches the group the experiment set, which leaves its cosine keys out
+    (runner.config.validation.settle_options)."""
     return [
         "experiment=shakespeare_hf", f"data.root={SHAKESPEARE}", f'data.eval_split="{EVAL_SPLIT}"',
         "data.batch_size=16", "data.eval_batch_size=48", "optimizer.lr=3e-3", "scheduler=constant",

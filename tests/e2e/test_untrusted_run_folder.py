@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from runner.cli.resume import find_checkpoint
-from runner.provenance import key_path
+from runner.folders.provenance import key_path
 from tests.e2e.conftest import metrics, mnist_args, run_cli, run_cli_refusals
 from tests.unit.engine.checkpoint.checkpoint_edits import rewrite_manifest
 

@@ -93,11 +93,11 @@ def test_a_checkpoints_files_are_written_in_place_and_fsynced_in_the_background_
 ):
     import threading
 
-    from runner.engine.checkpoint import files as checkpoint_files
     from runner.engine.checkpoint import manifest
+    from runner.engine.checkpoint import staging as checkpoint_staging
 
     events = []
-    real_fsync_path, real_write_manifest = checkpoint_files.fsync_path, manifest.write_manifest
+    real_fsync_path, real_write_manifest = checkpoint_staging.fsync_path, manifest.write_manifest
 
     def fsync_path(path):
         real_fsync_path(path)
@@ -107,7 +107,7 @@ def test_a_checkpoints_files_are_written_in_place_and_fsynced_in_the_background_
         events.append(("manifest", None))
         return real_write_manifest(*args, **kwargs)
 
-    monkeypatch.setattr(checkpoint_files, "fsync_path", fsync_path)
+    monkeypatch.setattr(checkpoint_staging, "fsync_path", fsync_path)
     monkeypatch.setattr(manifest, "write_manifest", write_manifest)
     accelerator = Accelerator()
     model = torch.nn.Linear(2, 2)
@@ -124,7 +124,7 @@ def test_a_failed_fsync_of_a_checkpoint_file_fails_the_save_naming_the_file(tmp_
     import errno
 
     from runner.engine import CheckpointError
-    from runner.engine.checkpoint import files as checkpoint_files
+    from runner.engine.checkpoint import staging as checkpoint_staging
 
     accelerator = Accelerator()
     model = accelerator.prepare(torch.nn.Linear(2, 2))
@@ -135,7 +135,7 @@ def test_a_failed_fsync_of_a_checkpoint_file_fails_the_save_naming_the_file(tmp_
             raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
         files.fsync_path(path)
 
-    monkeypatch.setattr(checkpoint_files, "fsync_path", fails)
+    monkeypatch.setattr(checkpoint_staging, "fsync_path", fails)
     with pytest.raises(CheckpointError) as error:
         accelerator.save_state(tmp_path / "ck")
     assert str(error.value) == (

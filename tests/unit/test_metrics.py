@@ -6,9 +6,9 @@ from omegaconf import OmegaConf
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 from torchmetrics.regression import MeanAbsoluteError, MeanSquaredError
 
-from runner.components import BatchError
 from runner.config import ConfigError
 from runner.metrics import Metrics, build_metrics
+from runner.training.components import BatchError
 from tests.helpers import SampleCount
 
 NUM_CLASSES = 5

@@ -5,7 +5,7 @@ import torch
 
 from runner.config import ConfigError
 from runner.schedules import constant, warmup_cosine
-from runner.training import build_scheduler, every, total_optimizer_steps
+from runner.training.loop import build_scheduler, every, total_optimizer_steps
 
 
 def lrs(scheduler, optimizer, steps):

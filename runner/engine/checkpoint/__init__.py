@@ -3,7 +3,7 @@
 - :mod:`~runner.engine.checkpoint.errors`: :class:`CheckpointError`, in a module that imports nothing.
 - :mod:`~runner.engine.checkpoint.checkpointer`: ``save_state``/``load_state`` for a set of prepared objects
   (the :class:`Checkpointer` the Accelerator holds), and the facts a manifest records to continue exactly.
-- :mod:`~runner.engine.checkpoint.files`: what each rank writes into a staging folder.
+- :mod:`~runner.engine.checkpoint.staging`: what each rank writes into a staging folder.
 - :mod:`~runner.engine.checkpoint.folders`: naming, the commit (a rename), finding and rotating checkpoints.
 - :mod:`~runner.engine.checkpoint.loading`: verifying and reading a checkpoint back.
 - :mod:`~runner.engine.checkpoint.manifest`: the manifest (files, sizes, digests): written, read, its files checked.

@@ -34,9 +34,9 @@ import torch
 
 from runner.engine.checkpoint import manifest as manifests
 from runner.engine.checkpoint.errors import CheckpointError
-from runner.engine.checkpoint.files import StagingFolder, own_shards
 from runner.engine.checkpoint.folders import commit as commit_folder
 from runner.engine.checkpoint.folders import failure_reason
+from runner.engine.checkpoint.staging import StagingFolder, own_shards
 from runner.files import sync_tree
 
 logger = logging.getLogger("runner")

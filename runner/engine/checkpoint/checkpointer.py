@@ -8,7 +8,7 @@ have finished, rank 0 writes ``manifest.json`` last, recording the strategy's fo
 (``state_format``) and what the checkpoint holds, and renames the folder to its final name.
 
 The folders (naming, listing, commit, rotation) are :mod:`runner.engine.checkpoint.folders`; the
-load path is :mod:`runner.engine.checkpoint.loading`, what each rank writes :mod:`runner.engine.checkpoint.files`,
+load path is :mod:`runner.engine.checkpoint.loading`, what each rank writes :mod:`runner.engine.checkpoint.staging`,
 and a copy on each node's own disk (``save_on_each_node``) :mod:`runner.engine.checkpoint.node_local`; their names
 are imported from there.
 """
@@ -32,15 +32,6 @@ from runner.engine.checkpoint import manifest as manifests
 from runner.engine.checkpoint import node_local
 from runner.engine.checkpoint.async_saves import AsyncSave, BackgroundSaves, Snapshot, write_in_background
 from runner.engine.checkpoint.errors import CheckpointError
-from runner.engine.checkpoint.files import (
-    StagingFolder,
-    begin_save,
-    first_failure,
-    manifest_record,
-    raise_if_failed,
-    share_outcome,
-    write_files,
-)
 from runner.engine.checkpoint.folders import (
     ProjectConfiguration,
     check_writable_target,
@@ -56,6 +47,15 @@ from runner.engine.checkpoint.folders import commit as commit_folder
 from runner.engine.checkpoint.loading import (
     load_training_state,
     restore_engine_metadata,
+)
+from runner.engine.checkpoint.staging import (
+    StagingFolder,
+    begin_save,
+    first_failure,
+    manifest_record,
+    raise_if_failed,
+    share_outcome,
+    write_files,
 )
 from runner.engine.distributed import DistributedEnvironment, barrier
 from runner.engine.ops import broadcast_object_list, gather_object

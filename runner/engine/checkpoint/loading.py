@@ -20,7 +20,6 @@ import torch
 from safetensors import SafetensorError
 from torch import nn
 
-from runner.engine.checkpoint.files import first_failure
 from runner.engine.checkpoint.manifest import (
     CheckpointError,
     first_mismatch,
@@ -30,6 +29,7 @@ from runner.engine.checkpoint.manifest import (
     take_verified,
 )
 from runner.engine.checkpoint.serialization import load_safetensors
+from runner.engine.checkpoint.staging import first_failure
 from runner.engine.checkpoint.torch_files import torch_load
 from runner.engine.constants import (
     DCP_METADATA_NAME,

@@ -40,14 +40,6 @@ from torch import nn
 from runner.engine.checkpoint import manifest as manifests
 from runner.engine.checkpoint.async_saves import AsyncSave
 from runner.engine.checkpoint.errors import CheckpointError, CheckpointNotFoundError
-from runner.engine.checkpoint.files import (
-    StagingFolder,
-    begin_save,
-    first_failure,
-    manifest_record,
-    raise_if_failed,
-    write_files,
-)
 from runner.engine.checkpoint.folders import (
     ProjectConfiguration,
     check_writable_target,
@@ -62,6 +54,14 @@ from runner.engine.checkpoint.folders import checkpoint_to_load as find_checkpoi
 from runner.engine.checkpoint.loading import load_training_state as load_whole_state
 from runner.engine.checkpoint.loading import restore_engine_metadata, verify_together
 from runner.engine.checkpoint.manifest import read_manifest
+from runner.engine.checkpoint.staging import (
+    StagingFolder,
+    begin_save,
+    first_failure,
+    manifest_record,
+    raise_if_failed,
+    write_files,
+)
 from runner.engine.constants import CHECKPOINT_PREFIX
 from runner.engine.distributed import DistributedEnvironment
 from runner.engine.ops import gather_object

@@ -8,7 +8,7 @@ and where a loader keeps its position in the data.
 - :mod:`~runner.engine.data.loader`: the prepared loader, its configuration and its position (``state_dict``).
 - :mod:`~runner.engine.data.dispatch`: streams read on each rank, and batches rank 0 loads and sends.
 - :mod:`~runner.engine.data.worker_streams`: streams read by loader workers, each its part, a state for each.
-- :mod:`~runner.engine.data.loaders`: the ``prepare_data_loader`` the Accelerator calls, which picks one of them;
+- :mod:`~runner.engine.data.prepare`: the ``prepare_data_loader`` the Accelerator calls, which picks one of them;
   the one exported here takes Accelerate's arguments (:mod:`runner.engine.data_loader`).
 
 It may import torch, :mod:`runner.engine.ops` (moving batches to a device) and the checkpoint room's

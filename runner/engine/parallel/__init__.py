@@ -5,6 +5,8 @@ optimizers built from it pointing at its parameters, provides the context that s
 synchronisation during accumulation, the model's full state dict and the total norm of its
 gradients, and owns the models' and optimizers' state in a checkpoint: how it is written and read,
 and the format the manifest records (see :mod:`runner.engine.parallel.base`).
+
+It may import torch, the engine's core modules and its checkpoint room; nothing outside the engine.
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ The trackers and their registry import the standard library only (the thread and
 tensors, import torch too); each tracker's library is imported in ``start()`` (or when it writes), never at
 engine import. The names below are importable from here, as they were from the module this room
 grew from, and ``runner.engine.tracking.GeneralTracker`` (and the others) stay valid dotted names.
+
+It may import the trackers' libraries (each when its tracker is built) and :mod:`runner.files`; nothing else of
+the engine, and nothing outside it.
 """
 
 from runner.engine.tracking.base import GeneralTracker, flatten

@@ -7,11 +7,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from runner import provenance
 from runner.cli.command_line import parse_arguments, read
 from runner.config import ConfigError, register_configs
 from runner.engine import Accelerator, ProjectConfiguration
-from runner.launch.environment import LaunchEnvironment
+from runner.folders import provenance
+from runner.launch.launch_environment import LaunchEnvironment
 from tests.shared_data import MNIST, needs_mnist
 
 register_configs()  # as runner.cli.main does before it composes

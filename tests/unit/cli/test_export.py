@@ -19,7 +19,7 @@ from runner.cli.export import HF_FILES, ExportError, _transformers_class, main
 from runner.cli.export_files import _host, _read_own_files
 from runner.engine import Accelerator, ProjectConfiguration
 from runner.engine.checkpoint.serialization import load_safetensors
-from runner.provenance import sign
+from runner.folders.provenance import sign
 from tests.e2e.conftest import REPO
 
 

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from runner.cli.resume import find_checkpoint, resumed_config
 from runner.config import ConfigError
 from runner.engine import Accelerator, ProjectConfiguration
-from runner.layout import saved_overrides
+from runner.folders.layout import saved_overrides
 
 
 @pytest.fixture

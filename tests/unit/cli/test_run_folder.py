@@ -14,7 +14,7 @@ from runner.cli.run_folder import (
     release_run_folder,
 )
 from runner.config import CONF_DIR, ConfigError, register_configs
-from runner.layout import check_no_links
+from runner.folders.layout import check_no_links
 
 PATTERN = "outputs/${now:%Y-%m-%d}/${now:%H-%M-%S}"
 TEN = datetime(2026, 11, 29, 10, 0, 0)

@@ -47,7 +47,7 @@ def test_a_forked_worker_starts_its_own_processes_as_a_fresh_process_would(monke
 ENDS_WITHOUT_COLLECTING = """
 import atexit, gc, multiprocessing, os
 atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0, flush=True))
-from runner.startup import skip_collection_at_exit
+from runner.training.startup import skip_collection_at_exit
 before = atexit._ncallbacks()
 skip_collection_at_exit()
 skip_collection_at_exit()

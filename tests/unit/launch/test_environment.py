@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from runner.launch.environment import LaunchEnvironment
+from runner.launch.launch_environment import LaunchEnvironment
 
 TORCHRUN = {
     "RANK": "3",

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from runner.launch.forkserver import PRELOAD, SERVER_ENV
+from runner.launch.preload import PRELOAD, SERVER_ENV
 
 # Every way torch starts CUDA in a process (after which a forked child cannot use it), counted while PRELOAD imports.
 PROBE = f"""

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from runner import provenance
 from runner.engine import ParallelismConfig, ProjectConfiguration
+from runner.folders import provenance
+from runner.folders.layout import CONFIG_FILE, OVERRIDES_FILE
 from runner.launch.worker import build_accelerator, pin_threads, record_config_in_checkpoints
-from runner.layout import CONFIG_FILE, OVERRIDES_FILE
 
 
 def _save_hooks(*, rank: int, local_rank: int, save_on_each_node: bool):

@@ -10,7 +10,7 @@ from torch import nn
 
 from runner.models import GPT, with_peft
 from runner.models.adapters import trainable_parameters
-from runner.training import build_optimizer
+from runner.training.loop import build_optimizer
 
 peft = pytest.importorskip("peft")
 TINY_GPT = {"vocab_size": 16, "block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 8}

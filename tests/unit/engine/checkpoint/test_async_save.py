@@ -20,7 +20,7 @@ from torch import nn
 
 from runner.engine import Accelerator, CheckpointError, ProjectConfiguration
 from runner.engine.checkpoint import async_saves as async_checkpoints
-from runner.engine.checkpoint import files as checkpoint_files
+from runner.engine.checkpoint import staging as checkpoint_staging
 from runner.engine.checkpoint.async_saves import AsyncSave
 from runner.engine.checkpoint.manifest import read_manifest
 from tests.helpers import (
@@ -47,7 +47,7 @@ def first_exp_avg(optimizer) -> torch.Tensor:
 
 def blocked_weight_writes(monkeypatch, release: threading.Event, written: list[str] | None = None) -> None:
     """Make each model.safetensors write in a staging folder wait for ``release`` (at most 30 s) before it writes."""
-    original = checkpoint_files.save_safetensors
+    original = checkpoint_staging.save_safetensors
 
     def blocked(tensors, path, *args, **kwargs):
         if written is not None:
@@ -55,7 +55,7 @@ def blocked_weight_writes(monkeypatch, release: threading.Event, written: list[s
         assert release.wait(timeout=30), "the test never released the background write"
         return original(tensors, path, *args, **kwargs)
 
-    monkeypatch.setattr(checkpoint_files, "save_safetensors", blocked)
+    monkeypatch.setattr(checkpoint_staging, "save_safetensors", blocked)
 
 
 class History:
@@ -203,7 +203,7 @@ def test_a_full_disk_in_the_background_fails_at_the_next_wait_and_keeps_the_prev
     def full_disk(tensors, path, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(checkpoint_files, "save_safetensors", full_disk)
+    monkeypatch.setattr(checkpoint_staging, "save_safetensors", full_disk)
     train_steps(accelerator, model, optimizer, train_loader, scheduler, 2)
     assert accelerator.save_state(async_save=True) == str(tmp_path / "checkpoints" / "checkpoint_1")  # no error yet
     with pytest.raises(CheckpointError) as error:
@@ -327,7 +327,7 @@ KILLED_SCRIPT = textwrap.dedent(
     import torch
     from safetensors.torch import save_file
     from runner.engine import Accelerator, ProjectConfiguration
-    from runner.engine.checkpoint.files import StagingFolder
+    from runner.engine.checkpoint.staging import StagingFolder
 
     project = sys.argv[1]
     accelerator = Accelerator(project_config=ProjectConfiguration(project, automatic_checkpoint_naming=True))

@@ -65,7 +65,7 @@ def test_a_full_disk_during_a_save_fails_in_one_sentence_and_keeps_the_previous_
     import hashlib
 
     from runner.engine import CheckpointError
-    from runner.engine.checkpoint import files as checkpoint_files
+    from runner.engine.checkpoint import staging as checkpoint_staging
 
     accelerator = Accelerator(project_config=ProjectConfiguration(str(tmp_path), automatic_checkpoint_naming=True))
     model = accelerator.prepare(torch.nn.Linear(8, 8))
@@ -77,7 +77,7 @@ def test_a_full_disk_during_a_save_fails_in_one_sentence_and_keeps_the_previous_
         pathlib.Path(path).write_bytes(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(checkpoint_files, "save_safetensors", full_disk)
+    monkeypatch.setattr(checkpoint_staging, "save_safetensors", full_disk)
     with pytest.raises(CheckpointError) as error:
         accelerator.save_state()
     staging = tmp_path / "checkpoints" / "checkpoint_1.incomplete"

@@ -9,7 +9,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, S
 
 from runner.engine import Accelerator, DataLoaderConfiguration
 from runner.engine.data.batch_shards import BatchSamplerShard
-from runner.engine.data.loaders import prepare_data_loader
+from runner.engine.data.prepare import prepare_data_loader
 from runner.engine.optimizer import GradientAccumulationPlugin, GradientState
 
 VARYING = [[0, 1, 2], [3], [4, 5], [6, 7, 8, 9], [10]]

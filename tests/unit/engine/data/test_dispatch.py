@@ -14,7 +14,7 @@ from runner.engine.data.dispatch import (
     slice_rows,
     take_rows,
 )
-from runner.engine.data.loaders import prepare_data_loader
+from runner.engine.data.prepare import prepare_data_loader
 from runner.engine.optimizer import GradientAccumulationPlugin, GradientState
 from tests.helpers import StatefulRange
 

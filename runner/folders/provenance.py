@@ -21,7 +21,7 @@ recipe) that your installed config groups and config folders, or the current com
 and may run code from the Hugging Face Hub (``trust_remote_code``) only where this command line
 sets it; anything else is refused in one sentence, unless ``trust_resume=true`` accepts it
 deliberately. What such a folder reads from your environment or where it would send the run
-(:mod:`runner.foreign_config`) is refused unless this command line gives those keys.
+(:mod:`runner.folders.foreign_config`) is refused unless this command line gives those keys.
 
 Nothing here imports the code it checks: the names are compared as strings, before anything of
 the folder's config is imported, validated or composed.
@@ -44,7 +44,7 @@ from typing import Any
 
 from runner.config import CONF_DIR, RECIPES, TRUST_KEY, ConfigError
 from runner.engine.constants import MANIFEST_NAME
-from runner.foreign_config import (
+from runner.folders.foreign_config import (
     ENVIRONMENT_RESOLVERS,
     PURE_RESOLVERS,
     config_files,
@@ -56,7 +56,7 @@ from runner.foreign_config import (
     plain_schema,
     resolvers_in,
 )
-from runner.layout import CONFIG_FILE, OVERRIDES_FILE
+from runner.folders.layout import CONFIG_FILE, OVERRIDES_FILE
 
 logger = logging.getLogger("runner")
 
@@ -273,7 +273,7 @@ def override_names(lines: Iterable[str]) -> Iterator[tuple[str, str, str]]:
     """``(kind, name, shown)`` for each ``_target_`` (kind ``target``), recipe (``recipe``) and resolver other than
     the pure ones and those that read the environment (``resolver``) that the override lines name, values included
     (``+metrics.m={_target_: ...}``); a line Hydra cannot parse is ``unparsed``, shown as it is."""
-    from runner import overrides as parsed
+    from runner.config import overrides as parsed
 
     for line in lines:
         yield from _resolvers_in(line, line)
@@ -311,7 +311,7 @@ def saved_names(checkpoint: Path) -> list[tuple[str, str, str]]:
     Raises:
         ConfigError: ``config.yaml`` is not a mapping, or ``overrides.yaml`` not a list of strings.
     """
-    from runner.layout import saved_overrides
+    from runner.folders.layout import saved_overrides
 
     path = checkpoint / SIGNED_FILES[0]
     config = plain_config(path)
@@ -352,7 +352,7 @@ def _remote_code_in(node: Any, key: str) -> Iterator[tuple[str, str, str]]:
 
 def _resolvers_in(node: Any, key: str) -> Iterator[tuple[str, str, str]]:
     """``("resolver", name, shown)`` for each resolver that may build config (neither pure nor one that reads the
-    environment, which :func:`runner.foreign_config.environment_reads` reports)."""
+    environment, which :func:`runner.folders.foreign_config.environment_reads` reports)."""
     for where, resolver in resolvers_in(node, key):
         if resolver not in PURE_RESOLVERS + ENVIRONMENT_RESOLVERS:
             yield "resolver", resolver, f"{where} uses the resolver {resolver}"
@@ -390,7 +390,7 @@ def check_resumable(
         _check_code(checkpoint, asked=asked, doing=doing, overrides=overrides, folders=folders)
     typed = _typed_keys(overrides)
     config, run_dir = plain_config(checkpoint / CONFIG_FILE), checkpoint.resolve().parent.parent
-    from runner.layout import saved_overrides
+    from runner.folders.layout import saved_overrides
 
     reaches = environment_reads(config, saved_overrides(checkpoint), typed=typed)
     reaches += destinations(config, run_dir=run_dir, typed=typed, installed=installed_values(folders))
@@ -430,7 +430,7 @@ def _check_code(checkpoint: Path, *, asked: str, doing: str, overrides: list[str
 
 def _typed_keys(overrides: Iterable[str]) -> list[str]:
     """The keys this command line's overrides set (``+``/``++`` dropped)."""
-    from runner import overrides as parsed
+    from runner.config import overrides as parsed
 
     keys = []
     for line in overrides:
@@ -443,7 +443,7 @@ def _typed_keys(overrides: Iterable[str]) -> list[str]:
 
 def _trusted(overrides: Iterable[str]) -> bool:
     """Whether this command line's last ``trust_resume=`` says true."""
-    from runner import overrides as parsed
+    from runner.config import overrides as parsed
 
     value = parsed.value(overrides, TRUST_KEY)
     return value is not None and value.lower() in ("true", "yes", "1", "on")

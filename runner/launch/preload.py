@@ -16,7 +16,7 @@ from multiprocessing import forkserver
 
 # runner.engine.forkserver first: its environment snapshot is the server's (see there).
 PRELOAD = ("runner.engine.forkserver", "torch", "torch._dynamo", "torchmetrics", "runner.engine.accelerator",
-           "runner.launch.worker", "runner.training")  # fmt: skip
+           "runner.launch.worker", "runner.training.loop")  # fmt: skip
 SERVER_ENV = "RUNNER_FORKSERVER"  # runner.engine.forkserver.SERVER_ENV, which this module cannot import (torch)
 
 

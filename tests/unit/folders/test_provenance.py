@@ -5,7 +5,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from runner.config import CONF_DIR, ConfigError
-from runner.provenance import (
+from runner.folders.provenance import (
     check_resumable,
     command_line_names,
     installed_names,
@@ -195,7 +195,7 @@ def test_a_key_others_can_read_or_that_is_a_link_signs_nothing(tmp_path, home):
 
 
 def test_a_foreign_configs_destinations_are_refused_unless_local_or_typed(tmp_path):
-    from runner.foreign_config import destinations, environment_reads, installed_values
+    from runner.folders.foreign_config import destinations, environment_reads, installed_values
 
     run = tmp_path / "sweep" / "3"
     installed = installed_values([CONF_DIR])

@@ -1,14 +1,27 @@
-"""Config schemas (registered with Hydra's ConfigStore), the config folders and names every layer shares.
+"""The config: its schemas, and every check of a composed config (one sentence per mistake).
+
+This module holds the schemas (registered with Hydra's ConfigStore), the config folders and the names every layer
+shares; beside it:
+
+- :mod:`~runner.config.overrides`: command-line overrides, read with Hydra's own grammar.
+- :mod:`~runner.config.validation`: what the types cannot check (ranges, choices, combinations), and an open
+  group's keys once composed (:func:`~runner.config.validation.settle_options`).
+- :mod:`~runner.config.recipe_validation`: what the run trains (recipe, data, model, loss, metrics, objective).
+- :mod:`~runner.config.targets`: each ``_target_``'s import and keywords.
+- :mod:`~runner.config.value_checks`: the one-key checks they share.
+
+The package may import hydra and omegaconf; :mod:`~runner.config.targets` imports the user's modules when asked.
+Nothing here imports torch or a layer above it (the command line, sweeps, the launch).
 
 Every group in ``conf/`` is typed by a dataclass here: the fixed groups (trainer, data, project,
 tracker, objective) through :class:`RunnerConfig`, and each option of the open groups (model, optimizer,
 scheduler, parallel) through its own schema, which its YAML names first in its defaults list. A
 wrong type is therefore rejected while Hydra composes, and a wrong key too, except in an open group's
-node, which :func:`runner.validation.settle_options` checks once composed (so that a preset's keys for
+node, which :func:`runner.config.validation.settle_options` checks once composed (so that a preset's keys for
 one option leave with it); :mod:`runner.cli.check` turns Hydra's rejection into one sentence, and
-:func:`runner.validation.validate` checks what types cannot (ranges, choices, combinations).
+:func:`runner.config.validation.validate` checks what types cannot (ranges, choices, combinations).
 ``data.train``, ``data.eval``, ``loss`` and ``metrics`` hold the user's ``_target_`` nodes: their imports
-and keywords are checked by :mod:`runner.targets`.
+and keywords are checked by :mod:`runner.config.targets`.
 Nothing here imports torch.
 """
 
@@ -23,7 +36,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"  # the built-in config groups
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the built-in config groups
 CONFIG_NAME = "config"  # conf/config.yaml, the root config
 # The config groups of the contract (conf/<group>/); a resume keeps the run's choice of each.
 CONFIG_GROUPS = ("trainer", "model", "data", "optimizer", "scheduler", "parallel", "project", "tracker", "experiment")
@@ -279,12 +292,12 @@ class RunnerConfig:
     recipe: str = "supervised"
     seed: int = 42
     resume: str | None = None
-    trust_resume: bool = False  # resume a folder that names code your configs do not (runner.provenance)
+    trust_resume: bool = False  # resume a folder that names code your configs do not (runner.folders.provenance)
     evaluate_only: bool = False  # runner eval: evaluate the resumed checkpoint's model, train and write nothing else
 
 
 # The groups whose option is the group's whole node, each typed by the option's schema: a preset's keys for one
-# option leave with it when the command line picks another (runner.validation.settle_options).
+# option leave with it when the command line picks another (runner.config.validation.settle_options).
 OPEN_GROUPS = ("model", "optimizer", "scheduler", "parallel")
 OPTION_SCHEMAS: dict[str, dict[str, type]] = {
     "model": {"mnist_cnn": MnistCNNConfig, "gpt": GPTConfig},
@@ -300,7 +313,7 @@ def register_configs() -> None:
 
     An option's schema takes keys it lacks while Hydra composes: an experiment that picks ``scheduler: cosine``
     and sets its ``warmup_steps`` still composes with ``scheduler=constant`` on the command line. The check
-    that follows every composition (:func:`runner.validation.settle_options`) leaves such keys out or refuses
+    that follows every composition (:func:`runner.config.validation.settle_options`) leaves such keys out or refuses
     them, and closes each node again."""
     store = ConfigStore.instance()
     store.store(name="runner_schema", node=RunnerConfig)

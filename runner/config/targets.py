@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from runner.config import ConfigError
-from runner.value_checks import SYNONYMS
+from runner.config.value_checks import SYNONYMS
 
 KEYWORD_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 # Packages whose compiled part is built against one torch release: the release of each that matches torch
@@ -153,7 +153,7 @@ def check_recipe(recipe: str) -> None:
     Raises:
         ConfigError: one sentence naming the recipe and the fix.
     """
-    from runner.recipe_validation import recipe_module
+    from runner.config.recipe_validation import recipe_module
 
     module_name = recipe_module(recipe)
     try:

@@ -1,6 +1,6 @@
 """What a config you did not write reads from your environment, and where it would send the run.
 
-A run folder someone else wrote (:mod:`runner.provenance` tells) is resumed, evaluated, exported or
+A run folder someone else wrote (:mod:`runner.folders.provenance` tells) is resumed, evaluated, exported or
 sampled with the config saved in it. Besides the code it names, that config can reach past the folder
 in two ways, and both are refused unless this command line gives the key:
 
@@ -66,8 +66,8 @@ def given(key: str, typed: Iterable[str]) -> bool:
 def environment_reads(config: Any, saved_overrides: Iterable[str], *, typed: Iterable[str]) -> list[str]:
     """``"<key> uses the resolver <name>"`` for each value of the saved config or saved overrides that reads the
     environment (:data:`ENVIRONMENT_RESOLVERS`) and that the ``typed`` keys do not replace."""
-    from runner import overrides as parsed
     from runner.config import ConfigError
+    from runner.config import overrides as parsed
 
     typed = list(typed)
     found = list(resolvers_in(config))

@@ -5,7 +5,7 @@ import subprocess
 import sys
 import time
 
-from runner import startup
+from runner.training import startup
 
 
 def test_phases_are_the_gaps_between_stamps_inherited_through_the_environment(monkeypatch):

@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from runner.engine import Accelerator, ProjectConfiguration
-from runner.training import ProgressReporter, TrainingLoop, TrainingProgress
+from runner.training.loop import ProgressReporter, TrainingLoop, TrainingProgress
 
 
 def run_loop(tmp_path, *, batches: int, steps: int, accumulation: int = 1, **cadence):

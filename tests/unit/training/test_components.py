@@ -5,7 +5,8 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from runner.components import (
+from runner.config import ConfigError
+from runner.training.components import (
     BatchError,
     batch_size,
     build,
@@ -16,8 +17,7 @@ from runner.components import (
     predictions,
     split_batch,
 )
-from runner.config import ConfigError
-from runner.training import build_optimizer
+from runner.training.loop import build_optimizer
 
 
 class Echo(nn.Module):

@@ -24,9 +24,9 @@ from typing import Any, NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner import preemption
 from runner.files import write_text_atomically
-from runner.startup import log_first_step, stamp
+from runner.training import preemption
+from runner.training.startup import log_first_step, stamp
 
 logger = logging.getLogger("runner")
 
@@ -265,7 +265,7 @@ def every(interval: int | None, step: int) -> bool:
 
 def build_optimizer(optimizer_cfg: DictConfig, parameters):
     """Instantiate a ``_partial_`` optimizer config with the model's parameters."""
-    from runner.components import build, call
+    from runner.training.components import build, call
 
     factory = build(optimizer_cfg, key="optimizer")
     return call(factory, parameters, key="optimizer", target=optimizer_cfg._target_)
@@ -273,7 +273,7 @@ def build_optimizer(optimizer_cfg: DictConfig, parameters):
 
 def build_scheduler(scheduler_cfg: DictConfig | None, optimizer, total_steps: int):
     """Instantiate the scheduler config, giving it ``total_steps`` if it takes that argument; None if unset."""
-    from runner.components import build, call
+    from runner.training.components import build, call
 
     if scheduler_cfg is None:
         return None

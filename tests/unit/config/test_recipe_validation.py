@@ -6,7 +6,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from runner.config import CONF_DIR, ConfigError, register_configs
-from runner.validation import validate
+from runner.config.validation import validate
 
 register_configs()
 

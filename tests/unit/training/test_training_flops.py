@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from runner.training import model_flops_utilization, peak_bf16_flops
+from runner.training.loop import model_flops_utilization, peak_bf16_flops
 
 
 @pytest.mark.parametrize(

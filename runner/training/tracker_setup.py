@@ -25,7 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from runner.config import ConfigError
-from runner.layout import LOGS_DIR, METRICS_FILE, MODEL_DIR, TRACKERS_FILE
+from runner.folders.layout import LOGS_DIR, METRICS_FILE, MODEL_DIR, TRACKERS_FILE
 
 logger = logging.getLogger("runner")
 
@@ -108,7 +108,7 @@ def _continues_own_run(checkpoint: Path) -> bool:
     """Whether the resumed checkpoint is this user's own: only then are the tracker runs trackers.json names
     continued. Someone else's folder may name anybody's runs there (a colleague's finished MLflow run, say), and
     the resume would add its parameters, metrics and model to them: it starts new runs instead."""
-    from runner.provenance import signed_by_you
+    from runner.folders.provenance import signed_by_you
 
     if signed_by_you(checkpoint):
         return True

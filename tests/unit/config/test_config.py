@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from runner.cli.check import check_overrides
 from runner.config import CONF_DIR, DP_SHARD_AUTO, TP_STYLES, ConfigError, RunnerConfig, register_configs
-from runner.validation import validate
+from runner.config.validation import validate
 from tests.shared_data import MNIST, needs_mnist
 
 register_configs()
@@ -83,13 +83,15 @@ def test_every_experiment_combines_with_every_option_of_every_group(experiment):
     from dataclasses import fields
 
     from runner.config import OPEN_GROUPS, OPTION_SCHEMAS
-    from runner.validation import settle_options
+    from runner.config.validation import settle_options
 
-    own = composed(f"experiment={experiment}")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        own = compose("config", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+        choices = own.hydra.runtime.choices
+        assert settle_options(own, [f"experiment={experiment}"]) == []
         for group, option in GROUP_OPTIONS:
-            if group in ("experiment", "hparams_search"):
-                continue
+            if group in ("experiment", "hparams_search") or choices.get(group) == option:
+                continue  # the experiment's own option: the config composed above
             overrides = [f"experiment={experiment}", f"{group}={option}"]
             cfg = compose("config", overrides=overrides)
             notes = settle_options(cfg, overrides)
@@ -303,7 +305,7 @@ def test_hydra_settings_in_conf_compose(path):
 def test_more_processes_than_gpus_is_refused_before_anything_starts(monkeypatch):
     import torch
 
-    from runner.validation import check_devices
+    from runner.config.validation import check_devices
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

@@ -1,7 +1,7 @@
 """The checks of a composed config that its schema's types cannot express: ranges, choices, combinations.
 
 :func:`validate` runs them all: the trainer, project, trackers, options and parallel layout here, and what
-the run trains (recipe, data, model, loss, metrics, objective) in :mod:`runner.recipe_validation`. Each
+the run trains (recipe, data, model, loss, metrics, objective) in :mod:`runner.config.recipe_validation`. Each
 failure is one :class:`~runner.config.ConfigError` sentence naming the key and the fix. Nothing here
 imports torch, except :func:`check_devices` and :func:`check_hardware`, which look at the machine.
 """
@@ -19,7 +19,6 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from runner import overrides as parsed
 from runner.config import (
     CHECKSUM_CHOICES,
     DP_SHARD_AUTO,
@@ -34,14 +33,15 @@ from runner.config import (
     ConfigError,
     FSDPConfig,
 )
-from runner.recipe_validation import (
+from runner.config import overrides as parsed
+from runner.config.recipe_validation import (
     check_data,
     check_loss_and_metrics,
     check_objective,
     check_recipe_fits,
     recipe_module,
 )
-from runner.value_checks import at_least, choice, not_a_key, one_of
+from runner.config.value_checks import at_least, choice, not_a_key, one_of
 
 logger = logging.getLogger(__name__)
 

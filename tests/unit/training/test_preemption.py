@@ -13,7 +13,7 @@ import threading
 import pytest
 import torch
 
-from runner import preemption
+from runner.training import preemption
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +71,7 @@ def test_after_release_a_stop_signal_ends_the_process_again():
     script = textwrap.dedent(
         """
         import os, signal
-        from runner import preemption
+        from runner.training import preemption
         preemption.watch()
         os.kill(os.getpid(), signal.SIGTERM)
         print(preemption.received(), flush=True)

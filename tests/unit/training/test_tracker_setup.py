@@ -1,4 +1,5 @@
-"""runner/trackers.py: the keys the launching process fills, and the tracker objects every worker builds."""
+"""runner/training/tracker_setup.py: the keys the launching process fills, and the tracker objects every worker
+builds."""
 
 from pathlib import Path
 
@@ -6,8 +7,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from runner.config import ConfigError
-from runner.provenance import sign
-from runner.trackers import build, check_reachable, settle
+from runner.folders.provenance import sign
+from runner.training.tracker_setup import build, check_reachable, settle
 
 
 def _config(project_dir: Path, **tracker) -> dict:

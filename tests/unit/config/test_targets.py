@@ -1,4 +1,4 @@
-"""runner.targets: every `_target_` imports and accepts its keys, or one sentence says what to fix."""
+"""runner.config.targets: every `_target_` imports and accepts its keys, or one sentence says what to fix."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from runner.config import ConfigError
-from runner.targets import check_targets, locate
+from runner.config.targets import check_targets, locate
 
 MODELS = """
     VERSION = "1"
@@ -414,6 +414,6 @@ def test_other_targets_may_leave_required_parameters_to_the_recipe(mylab):
 
 # ------------------------------------------------------------------------------------------------- cost
 def test_importing_runner_targets_does_not_import_torch():
-    root = Path(__file__).resolve().parents[2]
-    code = "import runner.targets, sys; assert 'torch' not in sys.modules"
+    root = Path(__file__).resolve().parents[3]
+    code = "import runner.config.targets, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True)

@@ -2,8 +2,7 @@
 
 import pytest
 
-from runner import overrides
-from runner.config import ConfigError
+from runner.config import ConfigError, overrides
 
 
 @pytest.mark.parametrize(

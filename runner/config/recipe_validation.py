@@ -1,6 +1,6 @@
 """The checks of what a run trains: recipe, data, model, loss, metrics and objective, where types cannot tell.
 
-:func:`runner.validation.validate` calls them among its own checks. Each failure is one
+:func:`runner.config.validation.validate` calls them among its own checks. Each failure is one
 :class:`~runner.config.ConfigError` sentence naming the key and the fix. Nothing here imports torch;
 :func:`recipe_module` finds a recipe's module without importing it.
 """
@@ -16,8 +16,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from runner.config import CHAR_CORPUS, DIRECTIONS, MODEL_COMPUTES_LOSS, RECIPES, ConfigError, GPTConfig
+from runner.config.value_checks import at_least, choice
 from runner.data.mixture_weights import weights_problem
-from runner.value_checks import at_least, choice
 
 _SPLIT = re.compile(r"^(?P<name>[A-Za-z_]\w*)(\[(?P<start>-?\d+%?)?:(?P<stop>-?\d+%?)?\])?$")
 
