@@ -32,7 +32,7 @@ def _gated(owner, name: str, release: threading.Event) -> list[bool]:
 
 
 def _async_save_then_load(project_dir):
-    from runner.engine.checkpoint import files as checkpoint_files
+    from runner.engine.checkpoint import staging as checkpoint_staging
 
     accelerator, model, optimizer, train_loader, scheduler = checkpointed_run(project_dir)
     torch.manual_seed(100 + accelerator.process_index)  # each rank draws its own stream from here
@@ -40,7 +40,7 @@ def _async_save_then_load(project_dir):
     accelerator.save_state(async_save=True)  # checkpoint_0
     train_steps(accelerator, model, optimizer, train_loader, scheduler, 3)
     release = threading.Event()
-    calls = _gated(checkpoint_files, "save_safetensors", release)  # rank 0's model file waits for the changes below
+    calls = _gated(checkpoint_staging, "save_safetensors", release)  # rank 0's model file waits for the changes below
     saved = accelerator.save_state(async_save=True)  # checkpoint_1, after checkpoint_0 is committed
     after_save = {"rand": torch.rand(3), "weights": accelerator.get_state_dict(model), "lr": scheduler.get_last_lr()}
     after_save["weights"] = {k: v.clone() for k, v in after_save["weights"].items()}
@@ -173,18 +173,18 @@ def test_fsdp_async_save_through_dcp_restores_the_shards_as_they_were_at_the_sav
 
 
 def _one_rank_runs_out_of_space_in_the_background(directory):
-    from runner.engine.checkpoint import files as checkpoint_files
+    from runner.engine.checkpoint import staging as checkpoint_staging
 
     accelerator = Accelerator()
     model = accelerator.prepare(torch.nn.Linear(4, 4))
     accelerator.save_state(f"{directory}/before")
-    write = checkpoint_files._save_object
+    write = checkpoint_staging._save_object
     if accelerator.process_index == 1:
 
         def no_space(obj, path):
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-        checkpoint_files._save_object = no_space  # rank 1 writes only its RNG state
+        checkpoint_staging._save_object = no_space  # rank 1 writes only its RNG state
     accelerator.save_state(f"{directory}/ck", async_save=True)  # returns: the failure comes in the background
     try:
         accelerator.wait_for_checkpoint()
@@ -192,7 +192,7 @@ def _one_rank_runs_out_of_space_in_the_background(directory):
         message = str(error)
     else:
         message = "committed"
-    checkpoint_files._save_object = write  # space freed: the next save works on both ranks
+    checkpoint_staging._save_object = write  # space freed: the next save works on both ranks
     with torch.no_grad():
         accelerator.unwrap_model(model).weight.fill_(3.0)
     accelerator.save_state(f"{directory}/after", async_save=True)

@@ -99,7 +99,7 @@ def test_a_failed_background_commit_is_raised_on_every_rank(launch, tmp_path):
 def _one_rank_runs_out_of_space(directory):
     import errno
 
-    from runner.engine.checkpoint import files as checkpoint_files
+    from runner.engine.checkpoint import staging as checkpoint_staging
 
     accelerator = Accelerator()
     accelerator.prepare(nn.Linear(4, 4))
@@ -108,7 +108,7 @@ def _one_rank_runs_out_of_space(directory):
         def no_space(obj, path):
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-        checkpoint_files._save_object = no_space
+        checkpoint_staging._save_object = no_space
     try:
         accelerator.save_state(directory)
     except CheckpointError as error:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from runner.engine import Accelerator
-from runner.engine.checkpoint import files as checkpoint_files
+from runner.engine.checkpoint import staging as checkpoint_staging
 from tests.distributed import groups
 from tests.distributed.groups import WorkerFailed, WorkerGroup, running
 
@@ -21,7 +21,7 @@ def _state():
         "python": random.random(), "threads": torch.get_num_threads(), "left": os.environ.get("LEFT_BY_A_TEST"),
         "dtype": torch.get_default_dtype(), "deterministic": torch.are_deterministic_algorithms_enabled(),
         "usr1": signal.getsignal(signal.SIGUSR1), "group": torch.distributed.is_initialized(),
-        "writer": checkpoint_files._save_object.__qualname__,
+        "writer": checkpoint_staging._save_object.__qualname__,
     }  # fmt: skip
 
 
@@ -35,7 +35,7 @@ def _leave_state_behind():
     torch.set_default_dtype(torch.float64)
     torch.use_deterministic_algorithms(True)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    checkpoint_files._save_object = print  # as a test makes one rank's writes fail
+    checkpoint_staging._save_object = print  # as a test makes one rank's writes fail
     return os.getpid()
 
 

@@ -89,9 +89,9 @@ def _break(what, rank, accelerators):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     if what == "write" and rank == 2:  # not a node's owner: one of the files it writes itself
-        from runner.engine.checkpoint import files as checkpoint_files
+        from runner.engine.checkpoint import staging as checkpoint_staging
 
-        checkpoint_files._save_object = no_space
+        checkpoint_staging._save_object = no_space
     if what == "manifest" and rank == 1:  # node 1's owner, in phase (a)
         from runner.engine.checkpoint import manifest
 

@@ -82,7 +82,7 @@ def test_a_rank_whose_collective_timed_out_on_several_nodes_ends_the_launch_nami
         raise ChildFailedError("run_worker_process", {0: failure})
 
     monkeypatch.setattr(runner.engine.launchers, "elastic_run", fails)
-    monkeypatch.setattr(elastic.forkserver, "start", lambda: None)
+    monkeypatch.setattr(elastic.preload, "start", lambda: None)
     monkeypatch.setattr("socket.gethostname", lambda: "host-b")
     config = {"trainer": {**TRAINER, "max_restarts": 0}, "project": {"project_dir": str(tmp_path / "run")}}
     with pytest.raises(elastic.WorkerFailed) as failed:
@@ -101,7 +101,7 @@ def test_a_first_rendezvous_that_times_out_says_which_nodes_to_start(monkeypatch
         raise RendezvousTimeoutError
 
     monkeypatch.setattr(runner.engine.launchers, "elastic_run", times_out)
-    monkeypatch.setattr(elastic.forkserver, "start", lambda: None)
+    monkeypatch.setattr(elastic.preload, "start", lambda: None)
     monkeypatch.setattr("socket.gethostname", lambda: "host-a")
     config = {"trainer": {**TRAINER, "node_rank": 0, "max_restarts": 0}, "project": {"project_dir": str(tmp_path)}}
     with pytest.raises(elastic.WorkerFailed) as failed:

@@ -38,7 +38,7 @@ def test_a_foreign_value_reports_nothing(monkeypatch):
 
 
 def test_a_command_s_first_stamp_starts_the_record_at_the_process_s_own_start():
-    script = ("import time; began = time.time(); from runner import startup; startup.stamp('imports'); "
+    script = ("import time; began = time.time(); from runner.training import startup; startup.stamp('imports'); "
               "import json; print(json.dumps([began, startup.stamps()]))")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != startup.STARTUP_ENV}
     before = time.time()
