@@ -123,7 +123,8 @@ def read(args: argparse.Namespace, argv: list[str], environment: LaunchEnvironme
             raise
         if claimed:
             overrides.append(f"hydra.run.dir={hydra_value(str(claimed[0]))}")
-            composed = None  # Hydra composes the overrides with the folder claimed
+            if composed is not None:  # the run composed once goes to the folder claimed
+                composed = composed.in_folder(str(claimed[0]), overrides[-1])
         checked = not args.cfg
         if command.resume is not None:
             resumes.check_extent(command.resume.checkpoint, cfg, path=command.resume.path)

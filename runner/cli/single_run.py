@@ -36,6 +36,17 @@ class ComposedRun:
     config: DictConfig  # with its ``hydra`` node, as Hydra.run composes it
     config_name: str
 
+    def in_folder(self, folder: str, line: str) -> ComposedRun:
+        """This run in ``folder``, as composing with the override ``line`` (``hydra.run.dir=folder``) makes it: the
+        folder is Hydra's own node, which the task's config does not hold, so nothing else changes."""
+        hydra_overrides = self.config.hydra.overrides.hydra
+        with read_write(self.config.hydra):
+            self.config.hydra.run.dir = folder
+            # Before the hydra.mode=RUN that compose() added, where Hydra's command line puts that one: last.
+            added = len(hydra_overrides) > 0 and hydra_overrides[-1] == "hydra.mode=RUN"
+            hydra_overrides.insert(len(hydra_overrides) - added, line)
+        return self
+
     def task_config(self) -> DictConfig:
         """The config as the task reads it, without the ``hydra`` node (a shallow copy: ``config`` stays whole)."""
         task = copy.copy(self.config)

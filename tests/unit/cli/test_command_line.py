@@ -135,6 +135,20 @@ def test_a_single_run_is_composed_once_into_exactly_what_hydras_command_line_run
     assert OmegaConf.to_yaml(once) == OmegaConf.to_yaml(hydras)
     assert OmegaConf.to_yaml(once_hydra) == OmegaConf.to_yaml(hydras_hydra)
     assert list(once_hydra.overrides.hydra)[-1] == "hydra.mode=RUN"
+    # In the folder claimed for it (Hydra's default pattern), still composed once, into the same run and record.
+    monkeypatch.chdir(tmp_path)
+    claimed = _read(argv[:-2])
+    assert claimed.composed is not None and claimed.composed.config.hydra.run.dir.startswith("outputs/")
+    seen.clear()
+    for run in (claimed, dataclasses.replace(claimed, composed=None)):
+        GlobalHydra.instance().clear()
+        app.run_hydra(run)
+    GlobalHydra.instance().clear()
+    (once, once_hydra), (hydras, hydras_hydra) = seen
+    assert OmegaConf.to_yaml(once) == OmegaConf.to_yaml(hydras)
+    assert OmegaConf.to_yaml(once_hydra) == OmegaConf.to_yaml(hydras_hydra)
+    assert list(once_hydra.overrides.hydra)[-2:] == [f"hydra.run.dir={claimed.composed.config.hydra.run.dir}",
+                                                      "hydra.mode=RUN"]  # fmt: skip
     # What Hydra's command line runs its own way, and a typo, which the first composition already names.
     assert _read([*DATA, "trainer.max_steps=1,2"]).composed is None  # a sweep without -m: Hydra says so
     with pytest.raises(ConfigError, match=r"^trainer.max_stepz is not a key of 'trainer' \(did you mean"):
