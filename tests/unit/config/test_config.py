@@ -79,7 +79,9 @@ EXPERIMENTS = sorted(option for group, option in GROUP_OPTIONS if group == "expe
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_combines_with_every_option_of_every_group(experiment):
     """``experiment=E group=option`` composes for every pair; each open group's node then holds its option's keys
-    alone, what the experiment set for the option it picked being left out with the option."""
+    alone, what the experiment set for the option it picked being left out with the option. A group's node is
+    composed from its option and the experiment alone, so one composition switches several groups at once: each
+    pair is in one of them (the experiment's own options: the experiment composed alone)."""
     from dataclasses import fields
 
     from runner.config import OPEN_GROUPS, OPTION_SCHEMAS
@@ -89,10 +91,13 @@ def test_every_experiment_combines_with_every_option_of_every_group(experiment):
         own = compose("config", overrides=[f"experiment={experiment}"], return_hydra_config=True)
         choices = own.hydra.runtime.choices
         assert settle_options(own, [f"experiment={experiment}"]) == []
+        others: dict[str, list[str]] = {}
         for group, option in GROUP_OPTIONS:
-            if group in ("experiment", "hparams_search") or choices.get(group) == option:
-                continue  # the experiment's own option: the config composed above
-            overrides = [f"experiment={experiment}", f"{group}={option}"]
+            if group not in ("experiment", "hparams_search") and choices.get(group) != option:
+                others.setdefault(group, []).append(option)
+        for round_ in range(max(len(options) for options in others.values())):
+            switched = {group: options[round_] for group, options in others.items() if round_ < len(options)}
+            overrides = [f"experiment={experiment}", *(f"{group}={option}" for group, option in switched.items())]
             cfg = compose("config", overrides=overrides)
             notes = settle_options(cfg, overrides)
             for open_group in OPEN_GROUPS:
@@ -101,10 +106,11 @@ def test_every_experiment_combines_with_every_option_of_every_group(experiment):
                     assert set(cfg[open_group]) == {field.name for field in fields(schema)}, overrides
                     assert OmegaConf.is_struct(cfg[open_group])
             left = {note.split(" is left out")[0] for note in notes}
-            kept = {key for key in left if OmegaConf.select(own, key) is not None}
-            assert kept == left, overrides  # only keys the experiment itself set are left out
-            if group not in OPEN_GROUPS or OmegaConf.get_type(cfg[group]) is OmegaConf.get_type(own[group]):
-                assert not notes, overrides  # the experiment's own option (or a group it does not type) keeps all
+            # Only keys the experiment set are left out, and only from a group switched to an option of another schema.
+            assert {key for key in left if OmegaConf.select(own, key) is not None} == left, overrides
+            for key in left:
+                group = key.split(".")[0]
+                assert group in switched and OmegaConf.get_type(cfg[group]) is not OmegaConf.get_type(own[group]), key
 
 
 def test_switching_a_group_an_experiment_set_leaves_its_keys_for_the_old_option_out(caplog):
