@@ -148,7 +148,7 @@ class TrainingLoop:
 
     @property
     def saved(self) -> bool:
-        """Whether this step was saved: a fresh run's step 0 never is, a resumed run's first step is."""
+        """Whether this step was saved (the step a resumed run starts from was)."""
         return self.last_checkpoint == self.step
 
     def evaluation_due(self, *, epoch_ended: bool = False) -> bool:
