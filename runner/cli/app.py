@@ -176,9 +176,10 @@ def _resolve(cfg: DictConfig, command: CommandLine | None, job) -> tuple[DictCon
     checked = command is not None and command.checked and job is None
     overrides = _task_overrides()
     if not checked:
-        validate(cfg, overrides)
-    for note in settle_options(cfg, overrides):  # Hydra composed the checked overrides again: the check said it
-        _to_run_log(logging.WARNING, note)
+        validate(cfg, overrides)  # settles the open groups' keys too, saying what it leaves out
+    else:  # the check settled the config it composed; one Hydra composed again (under torchrun, say) is not yet
+        for note in settle_options(cfg, overrides):  # the check said these on the console: the run's log keeps them
+            _to_run_log(logging.WARNING, note)
     if slurm.under_srun() and not slurm.set_rank_environment() and cfg.trainer.num_nodes == 1:
         # Started by a Slurm job without our command line (Hydra's submitit launcher): one task per node.
         for key, value in slurm.node_launcher_settings().items():

@@ -37,8 +37,9 @@ class ComposedRun:
     config_name: str
 
     def in_folder(self, folder: str, line: str) -> ComposedRun:
-        """This run in ``folder``, as composing with the override ``line`` (``hydra.run.dir=folder``) makes it: the
-        folder is Hydra's own node, which the task's config does not hold, so nothing else changes."""
+        """This run (changed in place, and returned) in ``folder``, as composing with the override ``line``
+        (``hydra.run.dir=folder``) makes it: the folder is Hydra's own node, which the task's config does not hold, so
+        nothing else changes."""
         hydra_overrides = self.config.hydra.overrides.hydra
         with read_write(self.config.hydra):
             self.config.hydra.run.dir = folder
