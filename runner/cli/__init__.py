@@ -60,7 +60,7 @@ def main() -> None:
     from runner.cli.help import print_help
     from runner.config import ConfigError, register_configs
     from runner.data.download import DataFileError, DownloadError
-    from runner.launch.launch_environment import LaunchEnvironment
+    from runner.engine.launch_environment import LaunchEnvironment
     from runner.launch.lock import FolderLocked
     from runner.launch.worker import exit_without_finalizing
     from runner.training.startup import stamp

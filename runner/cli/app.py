@@ -1,9 +1,10 @@
-"""The Hydra app: what Hydra runs for a single run and for each job of a sweep. Resolve, check, then launch.
+"""The Hydra app: what Hydra runs for a single run and for each job of a sweep. Settle, then launch.
 
-Hydra composes the :class:`~runner.cli.command_line.CommandLine` it is given and calls
-:class:`HydraApp` with the composed config. The app holds the command line's own decisions (the
-resume, whether this very config was already checked), so nothing is decided twice; a sweep job
-decides its own resume, from its folder.
+Hydra runs the :class:`~runner.cli.command_line.CommandLine` it is given (a single run as the command line composed
+and checked it; a sweep's jobs as Hydra composes them) and calls :class:`HydraApp` with the config. The app settles
+it into one :class:`~runner.config.run_spec.RunSpec` (:func:`runner.config.run_spec.settle`: the command line's own
+decisions, the resume and whether this very config was checked, are taken as they are; a sweep job decides its own
+resume, from its folder), checks the machine, and hands the spec to the launch.
 """
 
 from __future__ import annotations
@@ -16,15 +17,14 @@ from pathlib import Path
 from typing import NoReturn
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from runner.cli import RUNTIME_ERROR, USAGE_ERROR, report
-from runner.cli import resume as resumes
 from runner.cli.command_line import CommandLine
-from runner.config import CONF_DIR, CONFIG_NAME, ConfigError
-from runner.config.validation import check_devices, check_hardware, settle_options, validate
+from runner.config import CONF_DIR, CONFIG_NAME, ConfigError, run_spec
+from runner.config.run_spec import RunSpec
+from runner.engine.launch_environment import LaunchEnvironment
 from runner.launch import slurm
-from runner.launch.launch_environment import LaunchEnvironment
 from runner.launch.preflight import check_rendezvous_port, check_resolves, check_writable, wait_for_rendezvous
 from runner.training import preemption, tracker_setup
 from runner.training.startup import elapsed, restart, stamp, stamps
@@ -92,13 +92,13 @@ def main(cfg: DictConfig, command: CommandLine | None = None) -> float | None:
     job = SweepJob.current()  # None unless this is one job of a multirun
     if job is not None and "first optimizer step" in dict(stamps()):
         restart("start the next sweep job")  # an earlier job of this process already reported its start-up
-    project_dir, launched = None, False
+    spec, project_dir, launched = None, None, False
     try:
-        cfg, overrides = _resolve(cfg, command, job)
-        project_dir = _project_dir(cfg)
-        _check_machine(cfg, project_dir)
+        spec = _settle(cfg, command, job)
+        project_dir = spec.project_dir
+        _check_machine(spec)
         launched = True
-        objective = _launch(cfg, overrides, project_dir, job)
+        objective = _launch(spec, job)
     except FolderLocked as error:  # another process runs this folder: its record is not ours to touch
         _fail(job, RUNTIME_ERROR, str(error), record=False)
     except ConfigError as error:
@@ -110,12 +110,12 @@ def main(cfg: DictConfig, command: CommandLine | None = None) -> float | None:
         message = _stopped(stop, str(project_dir), sweep=job is not None, evaluation=evaluation)
         if job is not None:
             job.stop(message)  # the whole sweep stops: the scheduler wants the machine back
-        if launched and _closes(cfg, job):
+        if launched and _closes(spec, job):
             _to_run_log(logging.WARNING, f"Stopped after {report.duration(elapsed() or 0)}: {message}")
         print(f"runner: {message}", file=sys.stderr)
         sys.exit(preemption.EXIT_CODE)
     except (WorkerFailed, CheckpointError, DownloadError, DataFileError, BatchError, JobFailed) as error:
-        if launched and _closes(cfg, job):
+        if launched and _closes(spec, job):
             _close_failed(project_dir, str(error), getattr(error, "traceback", None))
         _fail(job, RUNTIME_ERROR, str(error))
     except Exception as error:
@@ -124,17 +124,15 @@ def main(cfg: DictConfig, command: CommandLine | None = None) -> float | None:
         raise
     if job is not None:
         job.finish(objective)
-    elif _closes(cfg, job):
+    elif _closes(spec, job):
         _close(project_dir)
     return objective
 
 
-def _closes(cfg: DictConfig, job) -> bool:
+def _closes(spec: RunSpec, job) -> bool:
     """Whether this process ends the run's log with its closing lines: a single run's training (not runner eval's,
     which says its own), in the one process that holds its folder (the launching process, torchrun's rank 0)."""
-    if job is not None or cfg.get("evaluate_only") or cfg.trainer.node_rank != 0:
-        return False
-    return LaunchEnvironment.read().global_rank == 0
+    return job is None and not spec.config.evaluate_only and spec.launch.holds_folder
 
 
 def _close(project_dir: Path) -> None:
@@ -167,76 +165,64 @@ def _to_run_log(level: int, text: str) -> None:
             handler.handle(record)
 
 
-def _resolve(cfg: DictConfig, command: CommandLine | None, job) -> tuple[DictConfig, list[str]]:
-    """The config to launch and the overrides it stands for: resumed if asked, checked unless already checked."""
-    from runner.config.targets import check_targets
-    from runner.data import prepare_datasets
-
-    # The command line checked this very config when it ran alone (a sweep job's config is one of many).
-    checked = command is not None and command.checked and job is None
-    overrides = _task_overrides()
-    if not checked:
-        validate(cfg, overrides)  # settles the open groups' keys too, saying what it leaves out
-    else:  # the check settled the config it composed; one Hydra composed again (under torchrun, say) is not yet
-        for note in settle_options(cfg, overrides):  # the check said these on the console: the run's log keeps them
-            _to_run_log(logging.WARNING, note)
+def _settle(cfg: DictConfig, command: CommandLine | None, job) -> RunSpec:
+    """The run to launch (:func:`runner.config.run_spec.settle`), from the command line's decisions where it made
+    them: a single run's config the command line composed is checked already, and its resume decided."""
+    single = command is not None and command.composed is not None and job is None
+    node_settings = None
     if slurm.under_srun() and not slurm.set_rank_environment() and cfg.trainer.num_nodes == 1:
         # Started by a Slurm job without our command line (Hydra's submitit launcher): one task per node.
-        for key, value in slurm.node_launcher_settings().items():
-            OmegaConf.update(cfg, key, int(value) if value.isdigit() else value)
-    resume = command.resume if command is not None else None
-    if resume is None and job is not None and not cfg.resume and job.resumable(_project_dir(cfg)):
-        cfg.resume = str(_project_dir(cfg))  # an earlier attempt of this sweep job: continue it
-    if resume is None and cfg.resume:  # a sweep job's, or a config composed without the command line
-        resume = resumes.from_config(str(cfg.resume), overrides, search_path=_hydra_search_path())
-    if resume is not None:
-        cfg, overrides = resumes.resumed_run(resume, overrides, composed=cfg)
-        validate(cfg, overrides)
-    if not checked or resume is not None:  # a resumed run's config is its own, not the one the command composed
-        check_targets(cfg)
-        check_hardware(cfg)
-        prepare_datasets(cfg.data)  # once, here (downloads, checks), rather than racing in every worker
-    check_devices(cfg)
-    return cfg, overrides
+        node_settings = {key: int(value) if value.isdigit() else value
+                         for key, value in slurm.node_launcher_settings().items()}  # fmt: skip
+    output_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
+    spec = run_spec.settle(
+        cfg,
+        _task_overrides(),
+        checked=single,
+        resume=command.resume if command is not None else None,
+        output_dir=output_dir,
+        environment=LaunchEnvironment.read(),  # after Slurm's ranks are set
+        search_path=_hydra_search_path(),
+        node_settings=node_settings,
+        continues=None if job is None else job.resumable,
+        sweep_dir=None if job is None else job.folder.parent,
+        job_name=",".join(job.overrides)[:250] if job is not None and job.overrides else None,
+        noted=lambda note: _to_run_log(logging.WARNING, note),
+    )
+    stamp("validate and check data")
+    return spec
 
 
-def _check_machine(cfg: DictConfig, project_dir: Path) -> None:
+def _check_machine(spec: RunSpec) -> None:
     """The run folder is writable, and a multi-node rendezvous can be reached (or hosted, on node 0)."""
-    check_writable(project_dir, "project.project_dir")
-    tracker_setup.check_reachable(cfg)
-    if cfg.trainer.num_nodes > 1:
-        check_resolves(cfg.trainer.rdzv_endpoint)  # on every node, at once
-    if cfg.trainer.num_nodes > 1 and cfg.trainer.node_rank == 0:
-        check_rendezvous_port(cfg.trainer.rdzv_endpoint)
-    elif cfg.trainer.num_nodes > 1:
-        wait_for_rendezvous(cfg.trainer.rdzv_endpoint, timeout=cfg.trainer.rdzv_timeout)
+    check_writable(spec.project_dir, "project.project_dir")
+    trainer = spec.config.trainer
+    tracker_setup.check_reachable(spec.config)
+    if spec.launch.num_nodes > 1:
+        check_resolves(trainer.rdzv_endpoint)  # on every node, at once
+    if spec.launch.num_nodes > 1 and spec.launch.node_rank == 0:
+        check_rendezvous_port(trainer.rdzv_endpoint)
+    elif spec.launch.num_nodes > 1:
+        wait_for_rendezvous(trainer.rdzv_endpoint, timeout=trainer.rdzv_timeout)
 
 
-def _launch(cfg: DictConfig, overrides: list[str], project_dir: Path, job) -> float | None:
-    """Hold the run folder (one launching process per run does) and launch the workers."""
+def _launch(spec: RunSpec, job) -> float | None:
+    """Hold the run folder (one launching process per run does) and launch the workers. The lock is re-entrant: a
+    folder the command line named or claimed is held already (runner.cli.take_run_folder); one only Hydra or the
+    config knows (a sweep job's, ``project.project_dir`` set in a file) is taken here."""
     from runner.launch.elastic import launch
     from runner.launch.lock import RunLock
     from runner.sweeps.job import apply_thread_budget
 
-    config = OmegaConf.to_container(cfg, resolve=True)
-    config["project"]["project_dir"] = str(project_dir)
-    tracker_setup.settle(
-        config, project_dir, sweep_dir=None if job is None else job.folder.parent,
-        job_name=",".join(job.overrides)[:250] if job is not None and job.overrides else None,
-    )  # fmt: skip
-    stamp("validate and check data")
-    environment = LaunchEnvironment.read()  # after Slurm's ranks are set
-    # One launching process per run takes the folder: torchrun's rank 0, node 0 of several.
-    locks = environment.global_rank == 0 and cfg.trainer.node_rank == 0
-    with RunLock(project_dir) if locks else contextlib.nullcontext():
+    with RunLock(spec.project_dir) if spec.launch.holds_folder else contextlib.nullcontext():
         if job is not None:
-            processes = config["trainer"]["num_processes"]
-            threads = apply_thread_budget(processes if isinstance(processes, int) else 1)
+            threads = apply_thread_budget(spec.launch.num_processes)
             job.record["threads_per_process"] = threads
             if threads is not None:
-                environment = dataclasses.replace(environment, threads=threads)
-            job.start(project_dir, objective=(cfg.objective.metric, cfg.objective.direction))
-        return launch(config, overrides, environment=environment)
+                environment = dataclasses.replace(spec.launch.environment, threads=threads)
+                spec = dataclasses.replace(spec, launch=dataclasses.replace(spec.launch, environment=environment))
+            job.start(spec.project_dir, objective=(spec.config.objective.metric, spec.config.objective.direction))
+        return launch(spec)
 
 
 def _fail(job, code: int, message: str, *, record: bool = True) -> NoReturn:
@@ -296,14 +282,6 @@ def _stopped(stop, project_dir: str, *, sweep: bool = False, evaluation: bool = 
 
 def _task_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-
-
-def _project_dir(cfg: DictConfig) -> Path:
-    if cfg.project.project_dir:
-        return Path(cfg.project.project_dir).resolve()
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir).resolve()
-    raise ConfigError("project.project_dir is not set and there is no Hydra run folder; set project.project_dir.")
 
 
 def _hydra_search_path() -> list[str]:

@@ -1,7 +1,7 @@
 """The command line, parsed and checked once into one value that everything after it reads.
 
 :func:`read` takes ``argv`` through Hydra's own parser, refuses what cannot run (one sentence each,
-see :mod:`runner.cli.check`), turns ``resume=`` into the resumed run's overrides and folder, adds
+see :mod:`runner.config.check`), turns ``resume=`` into the resumed run's overrides and folder, adds
 what Slurm and torchrun need, and returns a :class:`CommandLine`. Hydra then runs exactly its
 :attr:`CommandLine.argv` (a single run with the config composed for the check, :mod:`runner.cli.single_run`)
 and the Hydra app receives the value itself (:mod:`runner.cli.app`).
@@ -15,19 +15,17 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.cli import resume as resumes
-from runner.cli import single_run
-from runner.cli.check import check_overrides, check_plugins
 from runner.cli.run_folder import check_run_folders, claim_default_run_folder, release_run_folder
-from runner.cli.search_path import search_path_entries
-from runner.cli.single_run import ComposedRun
-from runner.config import CONFIG_NAME, ConfigError
+from runner.config import CONFIG_NAME, ConfigError, composition
 from runner.config import overrides as parsed
+from runner.config import resume as resumes
+from runner.config.check import check_overrides, check_plugins
 from runner.config.overrides import hydra_value
+from runner.config.search_path import search_path_entries
+from runner.engine.launch_environment import LaunchEnvironment
 from runner.folders.layout import LOG_FORMAT
 from runner.launch import slurm
 from runner.launch.elastic import prepare_workers
-from runner.launch.launch_environment import LaunchEnvironment
 
 
 @dataclass(frozen=True)
@@ -40,12 +38,12 @@ class CommandLine:
     config_dir: str | None = None
     multirun: bool = False
     starts_run: bool = True  # False for --help, --cfg, --info, --shell-completion
-    checked: bool = False  # the config these overrides compose is validated and its targets and data checked
     resume: resumes.Resume | None = None
     run_folder: Path | None = None  # the folder this single run writes, when the command line fixes it
     run_folder_key: str | None = None  # the key that names it (hydra.run.dir or project.project_dir)
-    # A single run's config, composed once for the check and Hydra's run; None where Hydra composes it itself.
-    composed: ComposedRun | None = dataclasses.field(default=None, compare=False, repr=False)
+    # A single run's config, composed once and checked (runner.config.check), then run as it is; None where Hydra
+    # composes the config itself (a sweep, --cfg, --config-path), and the Hydra app checks what it gets.
+    composed: composition.ComposedRun | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def argv(self) -> list[str]:
@@ -86,13 +84,17 @@ def read(args: argparse.Namespace, argv: list[str], environment: LaunchEnvironme
         # Checked with the rest: they must make a valid config too.
         overrides += slurm.command_line(parsed.values(overrides))
         environment = LaunchEnvironment.read()  # a task per process now carries torch's rank variables
+    if environment.under_torchrun and not command.multirun and not parsed.sets(overrides, "hydra.run.dir"):
+        overrides += _torchrun_run_dir(environment)  # the folder the ranks agree on, composed with the rest
     check_plugins(overrides)
-    checked, composed, refused = False, None, None
+    composed, refused = None, None
     if not args.config_path:
         if not command.multirun and not args.cfg:
             try:
-                composed = single_run.compose(overrides, config_name=command.config_name, config_dir=command.config_dir)
-            except single_run.NotComposed as failed:
+                composed = composition.compose(
+                    overrides, config_name=command.config_name, config_dir=command.config_dir
+                )
+            except composition.NotComposed as failed:
                 refused = failed.error
         # A single run that starts workers here starts the process they fork from while the targets are checked.
         workers = None if command.multirun or environment.inside_launched_group else prepare_workers
@@ -125,13 +127,9 @@ def read(args: argparse.Namespace, argv: list[str], environment: LaunchEnvironme
             overrides.append(f"hydra.run.dir={hydra_value(str(claimed[0]))}")
             if composed is not None:  # the run composed once goes to the folder claimed
                 composed = composed.in_folder(str(claimed[0]), overrides[-1])
-        checked = not args.cfg
         if command.resume is not None:
             resumes.check_extent(command.resume.checkpoint, cfg, path=command.resume.path)
-    if environment.under_torchrun and not command.multirun and not parsed.sets(overrides, "hydra.run.dir"):
-        overrides += _torchrun_run_dir(environment)
-        composed = None  # Hydra composes the overrides with the run folder the ranks agreed on
-    command = dataclasses.replace(command, overrides=tuple(overrides), checked=checked, composed=composed)
+    command = dataclasses.replace(command, overrides=tuple(overrides), composed=composed)
     check_run_folders(overrides)  # and those that resume, torchrun and Slurm name
     return _with_run_folder(command, environment)
 

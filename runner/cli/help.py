@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf, open_dict
 
-from runner.cli.check import describe_composition_error
-from runner.cli.search_path import is_search_path, search_path_overrides
 from runner.config import CONF_DIR, CONFIG_GROUPS, CONFIG_NAME, ConfigError
+from runner.config.check import describe_composition_error
+from runner.config.search_path import is_search_path, search_path_overrides
 
 
 def print_help(args) -> bool:

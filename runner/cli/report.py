@@ -13,12 +13,11 @@ Everything is read from the folder alone, as data (:mod:`runner.folders.layout`)
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from runner.files import write_atomically
-from runner.folders.layout import CURVES_PNG, LOGS_DIR, METRICS_FILE
+from runner.folders.layout import CURVES_PNG, LOGS_DIR, METRICS_FILE, final_metrics
 
 LOSSES = ("train/loss", "eval/loss")
 LEARNING_RATE = "train/lr"
@@ -73,15 +72,6 @@ def draw_curves(run_dir: Path) -> Path | None:
     path = run_dir / CURVES_PNG
     write_atomically(path, lambda partial: figure.savefig(partial, format="png", dpi=100))
     return path
-
-
-def final_metrics(run_dir: Path) -> dict:
-    """The run's metrics.json (its final metrics, step and times), or {} where there is none or it is not JSON."""
-    try:
-        found = json.loads((run_dir / METRICS_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
 
 
 def newest_checkpoint(run_dir: Path) -> str:

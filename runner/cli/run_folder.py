@@ -42,7 +42,7 @@ def check_run_folders(overrides: list[str]) -> None:
 
     A ``resume=`` path is taken as written, not resolved: a linked ``checkpoints/`` or
     ``checkpoint_N`` would otherwise move the run, and Hydra's writes, to wherever the link points.
-    A ``resume=`` folder without ``checkpoints/`` is no run: :func:`runner.cli.resume.find_checkpoint` says so.
+    A ``resume=`` folder without ``checkpoints/`` is no run: :func:`runner.config.resume.find_checkpoint` says so.
     """
     given = parsed.values(overrides)
     folders = {_as_written(given[key]) for key in FOLDER_KEYS if _is_path(given.get(key))}
@@ -110,7 +110,7 @@ def _composed_pattern(args) -> str | None:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from runner.cli.search_path import search_path_overrides
+    from runner.config.search_path import search_path_overrides
 
     overrides = list(args.overrides or [])
     search = search_path_overrides(overrides, config_dir=args.config_dir)

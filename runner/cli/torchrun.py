@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from runner.config import ConfigError
-from runner.launch.launch_environment import LaunchEnvironment
+from runner.engine.launch_environment import LaunchEnvironment
 
 
 def agreed_run_dir(environment: LaunchEnvironment) -> list[str]:

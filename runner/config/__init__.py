@@ -1,8 +1,16 @@
-"""The config: its schemas, and every check of a composed config (one sentence per mistake).
+"""The config: its schemas, composing it, every check of it (one sentence per mistake), and the settled run.
 
 This module holds the schemas (registered with Hydra's ConfigStore), the config folders and the names every layer
-shares; beside it:
+shares; beside it, in the order a run meets them:
 
+- :mod:`~runner.config.composition`: a single run's config composed once, as Hydra's command line composes it;
+  :mod:`~runner.config.search_path`: the config folders a command line adds (``--config-dir``, ``hydra.searchpath``).
+- :mod:`~runner.config.resume`: what ``resume=`` names (the checkpoint, verified; the run's own overrides) and the
+  resumed run's config.
+- :mod:`~runner.config.check`: a command line's overrides composed and checked before anything is written;
+  :mod:`~runner.config.construction`: the run's constructors called once, the model on the meta device.
+- :mod:`~runner.config.run_spec`: :func:`~runner.config.run_spec.settle`, once per run (per sweep job), to the
+  frozen :class:`~runner.config.run_spec.RunSpec` the launch hands every worker.
 - :mod:`~runner.config.overrides`: command-line overrides, read with Hydra's own grammar.
 - :mod:`~runner.config.validation`: what the types cannot check (ranges, choices, combinations), and an open
   group's keys once composed (:func:`~runner.config.validation.settle_options`).
@@ -10,15 +18,16 @@ shares; beside it:
 - :mod:`~runner.config.targets`: each ``_target_``'s import and keywords.
 - :mod:`~runner.config.value_checks`: the one-key checks they share.
 
-The package may import hydra and omegaconf; :mod:`~runner.config.targets` imports the user's modules when asked.
-Nothing here imports torch or a layer above it (the command line, sweeps, the launch).
+The package may import hydra and omegaconf, and below it the run folders, training helpers, data, models and
+engine; :mod:`~runner.config.targets` and the construction check import the user's modules (and torch) when asked.
+Nothing here imports a layer above it (the command line, sweeps, the launch), nor torch at import.
 
 Every group in ``conf/`` is typed by a dataclass here: the fixed groups (trainer, data, project,
 tracker, objective) through :class:`RunnerConfig`, and each option of the open groups (model, optimizer,
 scheduler, parallel) through its own schema, which its YAML names first in its defaults list. A
 wrong type is therefore rejected while Hydra composes, and a wrong key too, except in an open group's
 node, which :func:`runner.config.validation.settle_options` checks once composed (so that a preset's keys for
-one option leave with it); :mod:`runner.cli.check` turns Hydra's rejection into one sentence, and
+one option leave with it); :mod:`runner.config.check` turns Hydra's rejection into one sentence, and
 :func:`runner.config.validation.validate` checks what types cannot (ranges, choices, combinations).
 ``data.train``, ``data.eval``, ``loss`` and ``metrics`` hold the user's ``_target_`` nodes: their imports
 and keywords are checked by :mod:`runner.config.targets`.

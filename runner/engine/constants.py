@@ -28,9 +28,6 @@ USE_CPU_ENV = "RUNNER_USE_CPU"
 # Debug mode (runner.engine.ops checks shapes before each collective): ours, and the name Accelerate reads.
 DEBUG_MODE_ENV = "RUNNER_DEBUG_MODE"
 ACCELERATE_DEBUG_MODE_ENV = "ACCELERATE_DEBUG_MODE"
-# "<manifest digest>:<checkpoint folder>": the launching process verified that checkpoint's files,
-# and the workers it starts load it without hashing them again (runner.engine.checkpoint.manifest.mark_verified).
-VERIFIED_CHECKPOINT_ENV = "RUNNER_VERIFIED_CHECKPOINT"
 
 
 def indexed_name(stem: str, index: int, suffix: str) -> str:

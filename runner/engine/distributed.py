@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from runner.engine.constants import USE_CPU_ENV
+from runner.engine.launch_environment import LaunchEnvironment
 
 
 class DistributedType(str, enum.Enum):
@@ -179,31 +180,31 @@ def _state_from(values: dict[str, Any]) -> AcceleratorState:
     return AcceleratorState(**values)
 
 
-def _int_env(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"Environment variable {name}={value!r} is not an integer; unset it or fix it.") from None
-
-
-def read_environment(*, cpu: bool = False) -> DistributedEnvironment:
-    """Read rank, world size and device from the torchrun/elastic environment variables.
+def read_environment(*, cpu: bool = False, launched: LaunchEnvironment | None = None) -> DistributedEnvironment:
+    """This process's rank, world size and device, from what torchrun or the elastic agent set.
 
     Args:
         cpu: Use the CPU (and gloo) even when CUDA devices are visible; also when the environment
             sets ``RUNNER_USE_CPU=1`` (as ``debug_launcher`` does).
+        launched: What the launcher said, as :meth:`LaunchEnvironment.read` read it; read here when not given.
 
     Returns:
         The environment of this process. Without WORLD_SIZE (a plain ``python script.py``) it is a
         single process on ``cuda:0`` when CUDA is available, else on the CPU.
+
+    Raises:
+        ValueError: A count (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) is not one, or
+            the rank is outside the world.
     """
-    world_size = _int_env("WORLD_SIZE", 1)
-    rank = _int_env("RANK", 0)
-    local_rank = _int_env("LOCAL_RANK", 0)
-    local_world_size = _int_env("LOCAL_WORLD_SIZE", world_size)
+    launched = LaunchEnvironment.read() if launched is None else launched
+    if launched.malformed:
+        raise ValueError(
+            f"Environment variable {launched.malformed[0]} is not a count (a whole number from 0); unset it or fix it."
+        )
+    world_size = 1 if launched.world_size is None else launched.world_size
+    rank = launched.global_rank
+    local_rank = launched.local_rank or 0
+    local_world_size = world_size if launched.local_world_size is None else launched.local_world_size
     if not 0 <= rank < world_size:
         raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world_size}; the launcher set them inconsistently.")
     cpu = cpu or os.environ.get(USE_CPU_ENV, "").lower() in ("1", "true", "yes")

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -106,3 +107,12 @@ def resumed_run_folder(resume: str) -> Path:
 def as_written(folder: str) -> Path:
     """``folder`` made absolute without following links (``..`` is taken as written, too)."""
     return Path(os.path.normpath(Path(folder).expanduser().absolute()))
+
+
+def final_metrics(run_dir: Path) -> dict:
+    """The run's metrics.json (its final metrics, step and times), or {} where there is none or it is not JSON."""
+    try:
+        found = json.loads((run_dir / METRICS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}

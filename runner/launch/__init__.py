@@ -1,6 +1,5 @@
 """The processes of a run: start them (torch's elastic launcher, or join torchrun / srun), and what each one runs.
 
-launch_environment.py  what the launcher said about this process (rank, restarts), read once
 elastic.py      start the workers here, or train in this process; failures.py: the failed rank's sentence;
                 preload.py: their forkserver, started before the checks import torch
 worker.py       what every training process runs: logging, the Accelerator, the recipe

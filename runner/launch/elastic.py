@@ -1,7 +1,8 @@
 """Start the training processes: directly, through torch's elastic launcher, or by joining torchrun.
 
-The launching process has already resolved the config (run folder included); workers receive it as
-plain data, so every rank and every restart trains in the same folder with the same settings.
+The launching process has settled the run (:class:`~runner.config.run_spec.RunSpec`: its config, folder, resume
+and launch shape); every worker receives that value, so every rank and every restart trains in the same folder
+with the same settings.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import signal
 import socket
 import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
+from runner.config.run_spec import RunSpec, resolve_num_processes
 from runner.launch import preload
-from runner.launch.launch_environment import LaunchEnvironment
 from runner.launch.lost_nodes import NodeWatch
 from runner.training import preemption
 
@@ -31,17 +33,6 @@ class WorkerFailed(RuntimeError):
     def __init__(self, message: str, traceback: str | None = None) -> None:
         super().__init__(message)
         self.traceback = traceback
-
-
-def resolve_num_processes(value: Any, *, cpu: bool) -> int:
-    """``auto``: one process per visible GPU (1 without GPUs); otherwise the number given."""
-    if value != "auto":
-        return int(value)
-    if cpu:
-        return 1
-    import torch
-
-    return max(1, torch.cuda.device_count())
 
 
 def starts_workers(trainer: Any) -> bool:
@@ -58,22 +49,17 @@ def prepare_workers(cfg: Any) -> None:
         preload.start()
 
 
-def launch(config: dict[str, Any], overrides: list[str], *, environment: LaunchEnvironment) -> float | None:
-    """Run the training described by ``config`` and return rank 0's objective.
-
-    ``environment`` says how this process was started: a worker of a launched group (torchrun, srun)
-    trains itself; otherwise several processes are started here.
-    """
+def launch(spec: RunSpec) -> float | None:
+    """Run the training ``spec`` describes and return rank 0's objective: in this process when it is one worker of a
+    launched group (torchrun, srun) or the run's only process; otherwise its processes are started here."""
     from runner.launch.worker import run_worker
 
-    trainer = config["trainer"]
-    if environment.inside_launched_group or not starts_workers(trainer):
-        return run_worker(config, overrides, environment=environment)
-    num_processes = resolve_num_processes(trainer["num_processes"], cpu=trainer["cpu"])
-    return _elastic_launch(config, overrides, num_processes=num_processes, num_nodes=trainer["num_nodes"])
+    if not spec.launch.starts_workers:
+        return run_worker(spec, environment=spec.launch.environment)
+    return _elastic_launch(spec)
 
 
-def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_processes: int, num_nodes: int):
+def _elastic_launch(spec: RunSpec):
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -82,7 +68,8 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
     from runner.launch.failures import describe_failure, recorded_traceback, root_cause
     from runner.launch.worker import run_worker_process
 
-    trainer = config["trainer"]
+    trainer = spec.config_dict()["trainer"]
+    num_processes, num_nodes = spec.launch.num_processes, spec.launch.num_nodes
     logger.info(
         "Starting %d processes on this node (%d node(s)) with torch's elastic launcher", num_processes, num_nodes
     )
@@ -98,19 +85,19 @@ def _elastic_launch(config: dict[str, Any], overrides: list[str], *, num_process
     # Forked from the server started before the checks; a sweep's first job starts it here, and its later jobs
     # fork from it too. elastic_run hands each worker the environment of this launch.
     preload.start()
-    watch = NodeWatch(trainer, config["project"]["project_dir"]) if num_nodes > 1 else None
+    watch = NodeWatch(trainer, str(spec.project_dir)) if num_nodes > 1 else None
     try:
         with watch or contextlib.nullcontext(), _quiet_failure_logs():
             try:
                 results = elastic_run(
                     run_worker_process,
-                    (config, overrides),
+                    (spec,),
                     start_method="forkserver",
                     num_processes=num_processes,
                     # Port 0 lets the rendezvous pick a free port, so concurrent runs and sweep jobs never clash.
                     rdzv_endpoint=trainer["rdzv_endpoint"] or "127.0.0.1:0",
                     num_nodes=num_nodes,
-                    run_id=None if num_nodes == 1 else _multinode_run_id(config),
+                    run_id=None if num_nodes == 1 else _multinode_run_id(trainer, spec.project_dir),
                     max_restarts=trainer["max_restarts"],
                     monitor_interval=0.1,
                     rdzv_timeout=trainer["rdzv_timeout"],
@@ -263,8 +250,8 @@ def _interface_of(address: str) -> str | None:
     return None
 
 
-def _multinode_run_id(config: dict[str, Any]) -> str:
+def _multinode_run_id(trainer: dict[str, Any], project_dir: Path) -> str:
     # Every node must present the same run id to the rendezvous: derive it from what every node was
     # given alike, the rendezvous address and the shared run folder (required by the runner's checks).
-    key = f"{config['trainer']['rdzv_endpoint']}|{config['project']['project_dir']}"
+    key = f"{trainer['rdzv_endpoint']}|{project_dir}"
     return "runner-" + uuid.uuid5(uuid.NAMESPACE_URL, key).hex[:12]

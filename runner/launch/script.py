@@ -166,7 +166,7 @@ def processes_per_machine(settings: LaunchSettings) -> int:
     gpus = gpu_count(settings)
     if gpus is not None and not settings.use_cpu:
         return gpus
-    from runner.launch.elastic import resolve_num_processes
+    from runner.config.run_spec import resolve_num_processes
 
     return resolve_num_processes("auto", cpu=settings.use_cpu)
 

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner.config import FSDPConfig
 from runner.config.recipe_validation import recipe_module
+from runner.config.run_spec import RunSpec
+from runner.engine.launch_environment import LaunchEnvironment
 from runner.folders.layout import CONFIG_FILE, LOG_FILE, LOG_FORMAT, LOGS_DIR, OVERRIDES_FILE
 from runner.launch import lost_nodes
-from runner.launch.launch_environment import LaunchEnvironment
 from runner.training import preemption, tracker_setup
 from runner.training.startup import stamp
+
+if TYPE_CHECKING:
+    from runner.engine.checkpoint import VerifiedCheckpoint
 
 logger = logging.getLogger("runner")
 
@@ -64,14 +68,12 @@ def build_accelerator(cfg: DictConfig):
     if cfg.parallel.strategy == "ddp":
         handlers.append(DistributedDataParallelKwargs(**options))
     elif cfg.parallel.strategy == "fsdp":
-        # A run saved before the mesh keys existed has none: the schema's defaults are plain FSDP.
-        mesh = {**OmegaConf.to_container(OmegaConf.structured(FSDPConfig)), **options}
         parallelism_config = ParallelismConfig(
-            dp_replicate_size=mesh["dp_replicate"],
-            dp_shard_size=mesh["dp_shard"],
-            tp_size=mesh["tp"],
-            cp_size=mesh["cp"],
-            tp_plan=dict(mesh["tp_plan"]) if mesh["tp_plan"] else None,
+            dp_replicate_size=options["dp_replicate"],
+            dp_shard_size=options["dp_shard"],
+            tp_size=options["tp"],
+            cp_size=options["cp"],
+            tp_plan=dict(options["tp_plan"]) if options["tp_plan"] else None,
         )
         fsdp_plugin = FullyShardedDataParallelPlugin(
             transformer_cls_names_to_wrap=list(options["shard_modules"]),
@@ -142,30 +144,32 @@ def pin_threads(threads: int | None) -> None:
     resolve_math_kernels()  # before the data and the model are built, which may run ops on several threads
 
 
-def run_worker(config: dict[str, Any], overrides: list[str], *, environment: LaunchEnvironment) -> float | None:
-    """Train one process's share of the run described by ``config`` (already resolved).
+def run_worker(spec: RunSpec, *, environment: LaunchEnvironment) -> float | None:
+    """Train one process's share of the run ``spec`` describes, as the launching process settled it.
 
     ``environment`` is what this process's launcher said about it (its rank, how often it restarted).
     """
     stamp("start workers")
     preemption.watch()
-    cfg = OmegaConf.create(config)
-    configure_logging(rank=environment.global_rank, log_file=Path(cfg.project.project_dir) / LOG_FILE)
+    cfg, recorded = spec.run_config(), spec.config_dict()  # checkpoints record the run as it was launched
+    configure_logging(rank=environment.global_rank, log_file=spec.project_dir / LOG_FILE)
     pin_threads(environment.threads)
     lost_nodes.worker_started()
     accelerator = build_accelerator(cfg)
     stamp("process group")
-    lost_nodes.record_hosts(cfg.trainer.node_rank)
+    lost_nodes.record_hosts(spec.launch.node_rank)
     restarts = _agreed_restart_count(environment.restart_count, accelerator.device)
     if restarts:  # the elastic agents restarted the workers: continue from the newest checkpoint
-        from runner.engine.constants import VERIFIED_CHECKPOINT_ENV
-
-        os.environ.pop(VERIFIED_CHECKPOINT_ENV, None)  # what the launcher verified was an earlier save's start
-        newest = _newest_checkpoint(cfg.project.project_dir, accelerator)
+        newest = _newest_checkpoint(spec.project_dir, accelerator)
         if newest is not None:
-            logger.warning("Restart %d: resuming from %s", restarts, newest)
-            cfg.resume = str(newest)
-    record_config_in_checkpoints(accelerator, config, overrides)
+            logger.warning("Restart %d: resuming from %s", restarts, newest.folder)
+            spec = spec.resumed_from(newest)
+            cfg = spec.run_config()
+        else:  # what the launcher verified was where the run started, before the saves it has since lost
+            spec = dataclasses.replace(spec, verified=None)
+    if spec.verified is not None:
+        accelerator.mark_verified(spec.verified)  # the launching process hashed its files (runner resume=)
+    record_config_in_checkpoints(accelerator, recorded, list(spec.overrides))
     recipe = importlib.import_module(recipe_module(cfg.recipe))
     logger.info("Running recipe %s on %s", cfg.recipe, accelerator)
     return recipe.train(cfg, accelerator)
@@ -185,23 +189,23 @@ def _agreed_restart_count(count: int, device) -> int:
     return int(value.item())
 
 
-def _newest_checkpoint(project_dir: str, accelerator) -> Path | None:
+def _newest_checkpoint(project_dir: Path, accelerator) -> VerifiedCheckpoint | None:
     """The run's newest intact checkpoint (damaged newer ones are skipped with a warning), verified by the
     ranks together, each a share of its files (a collective); its load does not hash them again."""
     from runner.engine.checkpoint import checkpoints_dir
     from runner.engine.checkpoint.loading import newest_verified_checkpoint
 
-    newest, skipped = newest_verified_checkpoint(checkpoints_dir(project_dir), accelerator.state)
+    newest, skipped = newest_verified_checkpoint(checkpoints_dir(str(project_dir)), accelerator.state)
     for checkpoint, error in skipped:
         logger.warning("Skipping %s: %s", checkpoint.name, error)
     return newest
 
 
-def run_worker_process(config: dict[str, Any], overrides: list[str]) -> float | None:
+def run_worker_process(spec: RunSpec) -> float | None:
     """:func:`run_worker` as one of several processes started here: a preempted worker exits with
     preemption.EXIT_CODE."""
     try:
-        objective = run_worker(config, overrides, environment=LaunchEnvironment.read())
+        objective = run_worker(spec, environment=LaunchEnvironment.read())
     except preemption.Preempted as stop:
         saved = "" if isinstance(stop, preemption.EvaluationStopped) else "; the checkpoint is saved"
         logger.warning("Preempted: %s%s", stop, saved)

@@ -321,8 +321,8 @@ def test_lora_trains_only_its_adapters_and_resumes_bit_for_bit(tmp_path, one_pro
 
 def test_a_lora_target_that_is_not_in_the_model_is_one_sentence_before_launch(one_process):
     pytest.importorskip("peft")
-    from runner.cli.check import check_overrides
     from runner.config import ConfigError, register_configs
+    from runner.config.check import check_overrides
 
     register_configs()
     overrides = lora_args(one_process, "model.config.target_modules=[c_atn,c_proj]")

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 from omegaconf import OmegaConf
 
-from runner.cli.resume import find_checkpoint
+from runner.config.resume import find_checkpoint
 from runner.folders.provenance import key_path
 from tests.e2e.conftest import metrics, mnist_args, run_cli, run_cli_refusals
 from tests.unit.engine.checkpoint.checkpoint_edits import rewrite_manifest

@@ -31,7 +31,7 @@ from runner.engine.checkpoint.folders import (
     newest_intact_checkpoint,
     staging_dir,
 )
-from runner.engine.checkpoint.manifest import read_manifest
+from runner.engine.checkpoint.manifest import VerifiedCheckpoint, read_manifest
 
 __all__ = [
     "CheckpointError",
@@ -41,5 +41,6 @@ __all__ = [
     "checkpoints_dir",
     "newest_intact_checkpoint",
     "read_manifest",
+    "VerifiedCheckpoint",
     "staging_dir",
 ]

@@ -224,6 +224,7 @@ class Checkpointer:
         self.load_hooks: OrderedDict[int, Callable] = OrderedDict()
         self.commit_hooks: OrderedDict[int, Callable] = OrderedDict()
         self.loaded: Path | None = None
+        self.verified: manifests.VerifiedCheckpoint | None = None  # for the next load only (Accelerator.mark_verified)
         self._committer: ThreadPoolExecutor | None = None  # rank 0's background commits
         self._pending: Future | None = None  # on rank 0 only
         self._in_flight = False  # known on every rank
@@ -358,6 +359,7 @@ class Checkpointer:
         verify_checksums: bool,
     ) -> None:
         """Restore ``prepared`` (see ``Accelerator.load_state``); every rank calls it."""
+        verified, self.verified = self.verified, None
         self.wait()
         if project.save_on_each_node:
             node_local.check_load(prepared)  # every rank alike, before the barrier
@@ -374,11 +376,14 @@ class Checkpointer:
 
         if project.save_on_each_node:  # the hooks run inside its gather: one raising there fails every rank
             manifest = node_local.load_training_state(
-                checkpoint, prepared, models=models, verify_checksums=verify_checksums, before_load=run_hooks
-            )
+                checkpoint, prepared, models=models, verify_checksums=verify_checksums, verified=verified,
+                before_load=run_hooks,
+            )  # fmt: skip
         else:
             run_hooks()
-            manifest = load_training_state(checkpoint, prepared, models=models, verify_checksums=verify_checksums)
+            manifest = load_training_state(
+                checkpoint, prepared, models=models, verify_checksums=verify_checksums, verified=verified
+            )
             restore_engine_metadata(
                 manifest, checkpoint, prepared.dataloaders, prepared.optimizers, prepared.gradient_state
             )

@@ -22,11 +22,11 @@ from torch import nn
 
 from runner.engine.checkpoint.manifest import (
     CheckpointError,
+    VerifiedCheckpoint,
     first_mismatch,
     manifest_slices,
     read_manifest,
     share_of,
-    take_verified,
 )
 from runner.engine.checkpoint.serialization import load_safetensors
 from runner.engine.checkpoint.staging import first_failure
@@ -76,7 +76,12 @@ class ListedCheckpoint:
 
 
 def load_training_state(
-    checkpoint: Path, prepared: PreparedObjects, *, models: Sequence[nn.Module], verify_checksums: bool = True
+    checkpoint: Path,
+    prepared: PreparedObjects,
+    *,
+    models: Sequence[nn.Module],
+    verify_checksums: bool = True,
+    verified: VerifiedCheckpoint | None = None,
 ) -> dict[str, Any]:
     """Restore the prepared objects in place from a committed checkpoint folder.
 
@@ -87,6 +92,7 @@ def load_training_state(
 
     Args:
         models: The prepared models to load into, unwrapped (load_state's pre-hooks may have left some out).
+        verified: A save already verified (see :func:`verify_together`).
 
     Returns:
         The checkpoint's manifest.
@@ -100,10 +106,10 @@ def load_training_state(
         check_own_files(checkpoint, manifest, prepared.env)
     except CheckpointError:
         if verify_checksums:  # a collective: this rank still hashes its share for the others, then raises its own
-            verify_together(checkpoint, manifest, prepared.env)
+            verify_together(checkpoint, manifest, prepared.env, verified=verified)
         raise
     if verify_checksums:
-        verify_together(checkpoint, manifest, prepared.env)
+        verify_together(checkpoint, manifest, prepared.env, verified=verified)
     saved = ListedCheckpoint(checkpoint, manifest["state_format"], manifest["files"])
     prepared.strategy.check_load(saved)
     mid_cycle = _check_fits(checkpoint, manifest, prepared, models)
@@ -130,14 +136,20 @@ def load_training_state(
 
 
 def verify_together(
-    checkpoint: Path, manifest: dict[str, Any], env: DistributedEnvironment, *, node_ranks: Sequence[int] | None = None
+    checkpoint: Path,
+    manifest: dict[str, Any],
+    env: DistributedEnvironment,
+    *,
+    node_ranks: Sequence[int] | None = None,
+    verified: VerifiedCheckpoint | None = None,
 ) -> None:
     """Every file's digests checked once in all: each rank hashes its own files and an equal share of the
-    ones every rank reads, then all learn every rank's verdict (a collective). A save the launching
-    process already verified (:func:`runner.engine.checkpoint.manifest.take_verified`) is not hashed again.
+    ones every rank reads, then all learn every rank's verdict (a collective).
 
     Args:
         node_ranks: The ranks that share this node's copy (``save_on_each_node``): they split it among them.
+        verified: A save already verified (by the launching process, or by these ranks after a restart): when it
+            is this very one, nothing is hashed again.
 
     Raises:
         CheckpointError: On every rank, naming the first damaged file and its byte range.
@@ -146,7 +158,7 @@ def verify_together(
     owners = {rng_state_name(rank): i for i, rank in enumerate(ranks)}
     owners |= {gradients_name(rank): i for i, rank in enumerate(ranks)}
     failure, bug = None, None
-    if not take_verified(checkpoint, manifest):
+    if verified is None or not verified.covers(checkpoint, manifest):
         mine = share_of(manifest_slices(manifest), rank=ranks.index(env.rank), ranks=len(ranks), owners=owners)
         try:
             failure = first_mismatch(checkpoint, manifest, mine)
@@ -161,12 +173,11 @@ def verify_together(
 
 def newest_verified_checkpoint(
     directory: Path, env: DistributedEnvironment
-) -> tuple[Path | None, list[tuple[Path, CheckpointError]]]:
+) -> tuple[VerifiedCheckpoint | None, list[tuple[Path, CheckpointError]]]:
     """The newest committed checkpoint in ``directory`` whose files match its manifest, verified by every rank
     together (each slice once, see :func:`verify_together`; a collective), and the newer damaged ones skipped.
-    The one found is marked verified, so loading it next does not hash it again."""
+    Loading the one found with it (``Accelerator.mark_verified``) does not hash it again."""
     from runner.engine.checkpoint.folders import committed_checkpoints
-    from runner.engine.checkpoint.manifest import mark_verified
 
     skipped = []
     for checkpoint in reversed(committed_checkpoints(directory)):
@@ -176,8 +187,7 @@ def newest_verified_checkpoint(
         except CheckpointError as error:  # alike on every rank: they all skip it
             skipped.append((checkpoint, error))
             continue
-        mark_verified(checkpoint, manifest)
-        return checkpoint, skipped
+        return VerifiedCheckpoint.of(checkpoint, manifest), skipped
     return None, skipped
 
 

@@ -43,6 +43,7 @@ import stat
 import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
@@ -57,7 +58,7 @@ from runner.engine.checkpoint.manifest_schema import (
     manifest_digest,
     manifest_problem,
 )
-from runner.engine.constants import MANIFEST_NAME, VERIFIED_CHECKPOINT_ENV
+from runner.engine.constants import MANIFEST_NAME
 from runner.files import write_text_atomically
 
 # Files are hashed in slices of this many bytes, all slices of all files in parallel threads (xxhash
@@ -166,20 +167,26 @@ def first_mismatch(checkpoint: Path, manifest: dict[str, Any], slices: Sequence[
     return None
 
 
-def mark_verified(checkpoint: Path, manifest: dict[str, Any]) -> None:
-    """Tell the processes this one starts (its training workers) that ``checkpoint``'s files matched
-    ``manifest`` here: their load of the same save, unchanged since, hashes nothing again."""
-    os.environ[VERIFIED_CHECKPOINT_ENV] = f"{manifest['digest']}:{Path(checkpoint).resolve()}"
+@dataclass(frozen=True)
+class VerifiedCheckpoint:
+    """A save whose files were hashed and matched its manifest, named by the folder and the manifest's digest.
 
+    The launching process verifies the checkpoint a run resumes (``runner resume=``), and the ranks of a
+    restarted run the newest one, together; an Accelerator given this value
+    (:meth:`~runner.engine.checkpoint.verbs.CheckpointVerbs.load_verified`) loads that very save without hashing it
+    again. A save written in place since has another digest, and is verified as any other.
+    """
 
-def take_verified(checkpoint: Path, manifest: dict[str, Any]) -> bool:
-    """Whether the launching process verified this very save of ``checkpoint`` (see :func:`mark_verified`);
-    the mark is used once in this process (a restarted worker drops it, see ``runner.launch.worker``)."""
-    mark = f"{manifest['digest']}:{Path(checkpoint).resolve()}"
-    if os.environ.get(VERIFIED_CHECKPOINT_ENV) != mark:
-        return False
-    del os.environ[VERIFIED_CHECKPOINT_ENV]
-    return True
+    folder: Path
+    digest: str
+
+    @classmethod
+    def of(cls, checkpoint: Path, manifest: dict[str, Any]) -> VerifiedCheckpoint:
+        return cls(Path(checkpoint).resolve(), manifest["digest"])
+
+    def covers(self, checkpoint: Path, manifest: dict[str, Any]) -> bool:
+        """Whether this is the save of ``checkpoint`` that ``manifest`` describes."""
+        return self.folder == Path(checkpoint).resolve() and self.digest == manifest["digest"]
 
 
 def write_manifest(

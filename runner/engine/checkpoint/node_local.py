@@ -53,7 +53,7 @@ from runner.engine.checkpoint.folders import (
 from runner.engine.checkpoint.folders import checkpoint_to_load as find_checkpoint
 from runner.engine.checkpoint.loading import load_training_state as load_whole_state
 from runner.engine.checkpoint.loading import restore_engine_metadata, verify_together
-from runner.engine.checkpoint.manifest import read_manifest
+from runner.engine.checkpoint.manifest import VerifiedCheckpoint, read_manifest
 from runner.engine.checkpoint.staging import (
     StagingFolder,
     begin_save,
@@ -374,11 +374,13 @@ def load_training_state(
     *,
     models: Sequence[nn.Module],
     verify_checksums: bool,
+    verified: VerifiedCheckpoint | None = None,
     before_load: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Restore ``prepared`` from this node's copy (see :func:`runner.engine.checkpoint.loading.load_training_state`).
 
     Args:
+        verified: A save already verified (see :func:`runner.engine.checkpoint.loading.verify_together`).
         before_load: Runs on every rank (load_state's pre-hooks) once the copy is verified, before anything
             is read: inside the same gather, so a hook that raises on one rank makes every rank raise rather
             than wait.
@@ -393,7 +395,7 @@ def load_training_state(
 
     if verify_checksums:  # the ranks of each node split its copy's files: a collective, outside the gather below
         manifest = alike_on_every_rank(lambda: read_manifest(checkpoint, verify_checksums=False), doing="read it")
-        verify_together(checkpoint, manifest, prepared.env, node_ranks=node_of(prepared.env).ranks)
+        verify_together(checkpoint, manifest, prepared.env, node_ranks=node_of(prepared.env).ranks, verified=verified)
 
     def load() -> dict[str, Any]:
         if before_load is not None:

@@ -28,6 +28,7 @@ from runner.engine.prepared import PreparedObjects
 from runner.files import write_atomically
 
 if TYPE_CHECKING:
+    from runner.engine.checkpoint.manifest import VerifiedCheckpoint
     from runner.engine.distributed import AcceleratorState
     from runner.engine.optimizer import AcceleratedOptimizer, AcceleratedScheduler, GradientState
     from runner.engine.parallel.base import ParallelStrategy
@@ -204,6 +205,16 @@ class CheckpointVerbs:
         Either way all of them raise alike.
         """
         self._checkpointer.wait()
+
+    def mark_verified(self, verified: VerifiedCheckpoint) -> None:
+        """Let the next :meth:`load_state` take the save ``verified`` names without hashing its files again.
+
+        For the process that starts this one, having verified the checkpoint it hands over (``runner resume=``
+        does), or for ranks that found it together
+        (:func:`~runner.engine.checkpoint.loading.newest_verified_checkpoint`). The mark holds for the next load
+        only, and only for that very save: one written in place since has another manifest digest.
+        """
+        self._checkpointer.verified = verified
 
     def load_state(self, input_dir: str | os.PathLike | None = None, *, verify_checksums: bool = True) -> None:
         """Restore what :meth:`save_state` saved; every process must call this after ``prepare``.

@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 from runner.cli.command_line import parse_arguments, read
 from runner.config import ConfigError, register_configs
 from runner.engine import Accelerator, ProjectConfiguration
+from runner.engine.launch_environment import LaunchEnvironment
 from runner.folders import provenance
-from runner.launch.launch_environment import LaunchEnvironment
 from tests.shared_data import MNIST, needs_mnist
 
 register_configs()  # as runner.cli.main does before it composes
@@ -29,7 +29,7 @@ def test_a_plain_command_is_checked_and_names_its_run_folder(tmp_path):
     argv = [*DATA, f"hydra.run.dir={tmp_path / 'run'}"]
     command = _read(argv)
     assert command.overrides == tuple(argv) and command.flags == ()
-    assert command.checked and command.starts_run and command.resume is None and not command.multirun
+    assert command.composed is not None and command.starts_run and command.resume is None and not command.multirun
     assert (command.run_folder, command.run_folder_key) == (tmp_path / "run", "hydra.run.dir")
     assert command.argv == argv
 
@@ -47,12 +47,12 @@ def test_project_dir_names_the_folder_over_hydra_run_dir_and_other_ranks_take_no
 def test_help_and_info_are_passed_to_hydra_unchecked():
     for argv in (["--info"], ["--hydra-help"]):
         command = _read(argv)
-        assert not command.checked and not command.starts_run and command.argv == argv
+        assert command.composed is None and not command.starts_run and command.argv == argv
 
 
 def test_cfg_is_composed_and_checked_but_starts_no_run():
     command = _read(["--cfg", "job", "trainer.max_steps=3"])
-    assert command.flags == ("--cfg", "job") and not command.starts_run and not command.checked
+    assert command.flags == ("--cfg", "job") and not command.starts_run and command.composed is None
     with pytest.raises(ConfigError, match="trainer.max_stepz is not a key of 'trainer'"):
         _read(["--cfg", "job", "trainer.max_stepz=3"])
 
@@ -66,6 +66,9 @@ def test_torchrun_ranks_agree_on_one_folder_through_the_rendezvous_id():
         *DATA, "hydra.run.dir=outputs/torchrun-job7", "hydra.output_subdir=null", "hydra/job_logging=disabled"
     )  # fmt: skip
     assert rank0.run_folder == Path("outputs/torchrun-job7").resolve() and rank1.run_folder is None
+    # Composed once, with the agreed folder, and run as composed: Hydra does not compose the ranks' configs again.
+    assert rank0.composed.config.hydra.run.dir == rank1.composed.config.hydra.run.dir == "outputs/torchrun-job7"
+    assert (rank0.composed.config.hydra.output_subdir, rank1.composed.config.hydra.output_subdir) == (".hydra", None)
     with pytest.raises(ConfigError, match="the ranks cannot agree on a run folder; pass hydra.run.dir="):
         _read(DATA, LaunchEnvironment(rank=0, world_size=2, run_id="none"))
 
@@ -102,7 +105,7 @@ def test_resume_replays_the_runs_own_overrides_and_names_its_checkpoint_and_fold
         "trainer.max_steps=10", "tracker=none", f"resume={checkpoint}", "trainer.max_steps=20",
         f"hydra.run.dir={signed_run}", "hydra.output_subdir=null",
     )  # fmt: skip
-    assert (command.run_folder, command.checked) == (signed_run, True)
+    assert command.run_folder == signed_run and command.composed is not None
 
 
 def test_resume_refuses_to_switch_a_config_group(signed_run):
@@ -125,7 +128,7 @@ def test_a_single_run_is_composed_once_into_exactly_what_hydras_command_line_run
     seen = []
     monkeypatch.setattr(app, "main", lambda cfg, command: seen.append((cfg, HydraConfig.get())))
     command = _read(argv)
-    assert command.composed is not None and command.checked
+    assert command.composed is not None
     for run in (command, dataclasses.replace(command, composed=None)):  # once, then as Hydra's command line does
         GlobalHydra.instance().clear()
         app.run_hydra(run)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from runner.cli.check import check_overrides
-from runner.cli.search_path import search_path_overrides
 from runner.config import CONF_DIR, CONFIG_NAME, ConfigError, register_configs
 from runner.config import overrides as parsed
+from runner.config.check import check_overrides
+from runner.config.search_path import search_path_overrides
 from tests.e2e.test_readme import readme_project
 
 register_configs()

@@ -7,8 +7,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from runner.cli.check import check_overrides
 from runner.config import CONF_DIR, DP_SHARD_AUTO, TP_STYLES, ConfigError, RunnerConfig, register_configs
+from runner.config.check import check_overrides
 from runner.config.validation import validate
 from tests.shared_data import MNIST, needs_mnist
 
@@ -272,7 +272,7 @@ def test_a_tracker_whose_library_is_not_installed_is_one_sentence_naming_the_ext
 
 
 def test_trackers_compose_as_a_list_and_a_run_folder_saved_with_the_old_tracker_key_resumes(tmp_path):
-    from runner.cli.resume import resumed_config
+    from runner.config.resume import resumed_config
 
     cfg = composed("tracker=[tensorboard,csv,mlflow]")
     assert list(cfg.tracker) == ["tensorboard", "csv", "mlflow"] and cfg.tracker.mlflow.tracking_uri is None
@@ -471,7 +471,7 @@ def test_a_tracking_uri_that_is_not_a_string_names_its_type():
 
 
 def _resumed_with_trackers(tmp_path, trackers: dict):
-    from runner.cli.resume import resumed_config
+    from runner.config.resume import resumed_config
 
     saved = OmegaConf.to_container(composed(), resolve=False)
     saved["tracker"] = trackers

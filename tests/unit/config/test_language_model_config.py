@@ -3,8 +3,8 @@
 import pytest
 from hydra import compose, initialize_config_dir
 
-from runner.cli.check import check_overrides
 from runner.config import CONF_DIR, ConfigError, register_configs
+from runner.config.check import check_overrides
 from tests.shared_data import SHAKESPEARE, needs_shakespeare
 
 register_configs()

@@ -164,6 +164,7 @@ ACCELERATOR = [
     "log_artifact",
     "logging_dir",
     "main_process_first",
+    "mark_verified",
     "mixed_precision",
     "no_sync",
     "num_processes",

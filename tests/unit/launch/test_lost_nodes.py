@@ -10,6 +10,8 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 import runner.engine.launchers
+from runner.config.run_spec import LaunchShape, RunSpec
+from runner.engine.launch_environment import LaunchEnvironment
 from runner.engine.launchers import elastic_run
 from runner.launch import elastic, lost_nodes
 from runner.launch.elastic import _interface_of
@@ -84,9 +86,8 @@ def test_a_rank_whose_collective_timed_out_on_several_nodes_ends_the_launch_nami
     monkeypatch.setattr(runner.engine.launchers, "elastic_run", fails)
     monkeypatch.setattr(elastic.preload, "start", lambda: None)
     monkeypatch.setattr("socket.gethostname", lambda: "host-b")
-    config = {"trainer": {**TRAINER, "max_restarts": 0}, "project": {"project_dir": str(tmp_path / "run")}}
     with pytest.raises(elastic.WorkerFailed) as failed:
-        elastic._elastic_launch(config, [], num_processes=1, num_nodes=2)
+        elastic._elastic_launch(_spec({**TRAINER, "max_restarts": 0}, tmp_path / "run", num_nodes=2))
     assert str(failed.value).startswith(
         "node 1 (host-b) lost node 0 (the rendezvous host trainer.rdzv_endpoint=10.1.2.3:29500): rank 0's collective "
         f"failed ({timed_out}) (trainer.rdzv_timeout=10); "
@@ -103,11 +104,20 @@ def test_a_first_rendezvous_that_times_out_says_which_nodes_to_start(monkeypatch
     monkeypatch.setattr(runner.engine.launchers, "elastic_run", times_out)
     monkeypatch.setattr(elastic.preload, "start", lambda: None)
     monkeypatch.setattr("socket.gethostname", lambda: "host-a")
-    config = {"trainer": {**TRAINER, "node_rank": 0, "max_restarts": 0}, "project": {"project_dir": str(tmp_path)}}
     with pytest.raises(elastic.WorkerFailed) as failed:
-        elastic._elastic_launch(config, [], num_processes=1, num_nodes=3)
+        elastic._elastic_launch(_spec({**TRAINER, "node_rank": 0, "max_restarts": 0}, tmp_path, num_nodes=3))
     assert str(failed.value) == (
         "node 0 (host-a): not every node joined the rendezvous at trainer.rdzv_endpoint=10.1.2.3:29500 within "
         "trainer.rdzv_timeout=10 s; start all 3 nodes (trainer.node_rank=0 to 2) with the same trainer.rdzv_endpoint "
         "and project.project_dir, or give a larger trainer.rdzv_timeout."
     )
+
+
+def _spec(trainer: dict, project_dir, *, num_nodes: int) -> RunSpec:
+    """A settled run of one process per node on ``num_nodes`` nodes, as the launching process hands it on."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.create({"trainer": trainer, "project": {"project_dir": str(project_dir)}})
+    shape = LaunchShape(num_processes=1, num_nodes=num_nodes, node_rank=trainer["node_rank"],
+                        environment=LaunchEnvironment())  # fmt: skip
+    return RunSpec(config, (), project_dir, resume=None, verified=None, launch=shape)

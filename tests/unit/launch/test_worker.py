@@ -60,9 +60,14 @@ def _accelerator_arguments(monkeypatch, tmp_path, *overrides: str, drop: tuple[s
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[*overrides, f"project.project_dir={tmp_path}"])
-    if drop:  # the config of a run saved before these keys existed, as resume reads it (parallel untyped)
+    if drop:  # the config of a run saved before these keys existed, as resume reads it
+        from runner.config.resume import resumed_config
+
         saved = OmegaConf.to_container(cfg)
-        cfg = OmegaConf.create({**saved, "parallel": {k: v for k, v in saved["parallel"].items() if k not in drop}})
+        saved["parallel"] = {k: v for k, v in saved["parallel"].items() if k not in drop}
+        (tmp_path / "checkpoint_0").mkdir()
+        OmegaConf.save(OmegaConf.create(saved), tmp_path / "checkpoint_0" / CONFIG_FILE)
+        cfg = resumed_config(tmp_path / "checkpoint_0", [])
     monkeypatch.setattr(runner.engine, "Accelerator", lambda **kwargs: kwargs)
     return build_accelerator(cfg)
 

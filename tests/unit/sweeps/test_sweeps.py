@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from runner.cli.check import check_plugins
 from runner.config import ConfigError
+from runner.config.check import check_plugins
 from runner.launch.lock import RunLock, is_locked
 from runner.sweeps import report
 from runner.sweeps.job import record_ended

@@ -18,7 +18,7 @@ from runner.engine import (
     ProjectConfiguration,
 )
 from runner.engine.checkpoint import manifest as manifests
-from runner.engine.checkpoint.manifest import mark_verified, read_manifest
+from runner.engine.checkpoint.manifest import VerifiedCheckpoint, read_manifest
 from runner.engine.checkpoint.manifest_schema import CHECKSUMS
 
 _FIXED_SEED = 0
@@ -190,9 +190,10 @@ def _all_slices(folder: Path) -> list:
 def test_a_save_the_launching_process_verified_is_not_hashed_again_once(tmp_path, monkeypatch):
     accelerator, model = prepared()
     folder = save(accelerator, tmp_path / "ck")
-    mark_verified(folder, read_manifest(folder))  # what `runner resume=...` does before it starts the workers
+    verified = VerifiedCheckpoint.of(folder, read_manifest(folder))  # what `runner resume=...` hands the workers
     hashed = counted_slices(monkeypatch)
     fresh, _ = prepared()
+    fresh.mark_verified(verified)
     fresh.load_state(folder)
     assert hashed == []
     fresh.load_state(folder)  # the mark is used once: a later load of the folder verifies it again
@@ -202,10 +203,12 @@ def test_a_save_the_launching_process_verified_is_not_hashed_again_once(tmp_path
 def test_the_mark_covers_only_the_save_it_was_made_for(tmp_path, monkeypatch):
     accelerator, _ = prepared()
     folder = save(accelerator, tmp_path / "ck")
-    mark_verified(folder, read_manifest(folder))
+    verified = VerifiedCheckpoint.of(folder, read_manifest(folder))
     accelerator.save_state(folder, metadata={"note": "saved again"})  # in place: another manifest digest
     hashed = counted_slices(monkeypatch)
-    prepared()[0].load_state(folder)
+    fresh, _ = prepared()
+    fresh.mark_verified(verified)
+    fresh.load_state(folder)
     assert len(hashed) == len(_all_slices(folder))
 
 
@@ -225,9 +228,7 @@ def test_a_file_that_cannot_be_read_while_hashed_is_one_sentence(checkpoints, mo
 
 def test_the_ranks_find_the_newest_intact_checkpoint_together_and_mark_it(tmp_path, monkeypatch):
     from runner.engine.checkpoint.loading import newest_verified_checkpoint
-    from runner.engine.constants import VERIFIED_CHECKPOINT_ENV
 
-    monkeypatch.delenv(VERIFIED_CHECKPOINT_ENV, raising=False)
     accelerator, _ = prepared()
     for name in ("checkpoint_0", "checkpoint_1"):
         save(accelerator, tmp_path / name)
@@ -236,12 +237,14 @@ def test_the_ranks_find_the_newest_intact_checkpoint_together_and_mark_it(tmp_pa
     data[-1] ^= 1
     damaged.write_bytes(bytes(data))
     newest, skipped = newest_verified_checkpoint(tmp_path, accelerator.state)
-    assert newest == tmp_path / "checkpoint_0"
+    assert newest.folder == (tmp_path / "checkpoint_0").resolve()
     assert [(path.name, str(error).split(" (")[0]) for path, error in skipped] == [
         ("checkpoint_1", f"{damaged} does not match its xxh3_128 digest in the manifest")
     ]
     hashed = counted_slices(monkeypatch)
-    prepared()[0].load_state(newest)
+    fresh, _ = prepared()
+    fresh.mark_verified(newest)
+    fresh.load_state(newest.folder)
     assert hashed == []  # found verified: its load does not hash it again
 
 

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner.cli.search_path import search_path_overrides
 from runner.config import CONF_DIR, CONFIG_NAME, ConfigError, RunnerConfig
 from runner.config import overrides as parsed
+from runner.config.search_path import search_path_overrides
 from runner.config.validation import check_hardware, validate
 from runner.config.value_checks import not_a_key
 from runner.training.startup import stamp
@@ -114,9 +114,9 @@ def _compose(overrides: list[str], config_name: str, config_dir: str | None, ref
 
 
 def _check_targets_and_data(cfg: DictConfig) -> None:
+    from runner.config.construction import check_construction
     from runner.config.targets import check_targets
     from runner.data import prepare_datasets
-    from runner.launch.preflight import check_construction
 
     check_targets(cfg)
     check_construction(cfg)

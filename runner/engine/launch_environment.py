@@ -1,16 +1,23 @@
 """What the program that started this process said about it, read once: torchrun, torch's elastic agent, srun.
 
 torch.distributed's launchers speak through environment variables (``RANK``, ``WORLD_SIZE``,
-``TORCHELASTIC_RUN_ID``, ...). The runner reads them here, once per process, into one value that
-its functions take as an argument; the variables themselves stay as the launcher set them, for
-``torch.distributed``'s own ``env://`` rendezvous.
+``TORCHELASTIC_RUN_ID``, ...). This is their one reader: the command line, the launch and the workers take the
+:class:`LaunchEnvironment` it returns as an argument, and an Accelerator builds its process's place in the job from
+it (:func:`runner.engine.distributed.read_environment`). The variables themselves stay as the launcher set them,
+for ``torch.distributed``'s own ``env://`` rendezvous. Importing this module imports nothing but the standard
+library, so the command line reads it before torch is imported.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+# The counts a process of a launched group cannot start without reading correctly (read_environment refuses a value
+# that is not one); the command line takes such a value as absent, and the engine then names it.
+PROCESS_COUNTS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
 @dataclass(frozen=True)
@@ -23,12 +30,22 @@ class LaunchEnvironment:
     master_addr: str | None = None
     master_port: int | None = None
     threads: int | None = None  # OMP_NUM_THREADS: the CPU threads this process may use
+    local_rank: int | None = None  # LOCAL_RANK: this process's rank on its node
+    local_world_size: int | None = None  # LOCAL_WORLD_SIZE: the processes on its node
+    # PROCESS_COUNTS set to something that is not a count, as ``NAME='text'``: read as absent above.
+    malformed: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     @classmethod
     def read(cls, environ: Mapping[str, str] = os.environ) -> LaunchEnvironment:
+        malformed = []
+
         def number(name: str) -> int | None:
             text = environ.get(name, "")
-            return int(text) if text.strip().isdecimal() else None
+            if text.strip().isdecimal():
+                return int(text)
+            if name in PROCESS_COUNTS and text != "":
+                malformed.append(f"{name}={text!r}")
+            return None
 
         return cls(
             rank=number("RANK"),
@@ -39,6 +56,9 @@ class LaunchEnvironment:
             master_addr=environ.get("MASTER_ADDR"),
             master_port=number("MASTER_PORT"),
             threads=number("OMP_NUM_THREADS"),
+            local_rank=number("LOCAL_RANK"),
+            local_world_size=number("LOCAL_WORLD_SIZE"),
+            malformed=tuple(malformed),
         )
 
     @property

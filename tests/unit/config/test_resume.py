@@ -1,14 +1,13 @@
 """resume= paths: a checkpoint folder, a run folder (newest intact checkpoint), and every wrong path."""
 
 import logging
-import os
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from runner.cli.resume import find_checkpoint, resumed_config
 from runner.config import ConfigError
+from runner.config.resume import find_checkpoint, resumed_config
 from runner.engine import Accelerator, ProjectConfiguration
 from runner.folders.layout import saved_overrides
 
@@ -45,16 +44,18 @@ def test_a_run_folder_resumes_its_newest_intact_checkpoint(run_dir, caplog):
 
 
 @pytest.mark.parametrize("path", ["checkpoints/checkpoint_1", "."])
-def test_a_verified_resume_tells_the_workers_not_to_hash_it_again(run_dir, monkeypatch, path):
+def test_a_verified_resume_tells_the_workers_not_to_hash_it_again(run_dir, path):
+    from runner.config.resume import find_verified_checkpoint
+    from runner.engine.checkpoint import VerifiedCheckpoint
     from runner.engine.checkpoint.manifest import read_manifest
-    from runner.engine.constants import VERIFIED_CHECKPOINT_ENV
 
-    monkeypatch.delenv(VERIFIED_CHECKPOINT_ENV, raising=False)
     _, checkpoint = find_checkpoint(str(run_dir / path), verify_checksums=False)  # a sweep job's: workers verify
-    assert VERIFIED_CHECKPOINT_ENV not in os.environ
-    _, checkpoint = find_checkpoint(str(run_dir / path))
+    found_in, verified = find_verified_checkpoint(str(run_dir / path))
     digest = read_manifest(checkpoint, verify_checksums=False)["digest"]
-    assert os.environ[VERIFIED_CHECKPOINT_ENV] == f"{digest}:{checkpoint.resolve()}"
+    assert (found_in, verified) == (run_dir, VerifiedCheckpoint(checkpoint.resolve(), digest))
+    (checkpoint / "model.safetensors").write_bytes(b"broken")
+    with pytest.raises(ConfigError, match="model.safetensors has 6 bytes"):
+        find_verified_checkpoint(str(checkpoint))
 
 
 @pytest.mark.parametrize(

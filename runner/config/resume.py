@@ -13,13 +13,16 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from runner.config import CONFIG_GROUPS, TRUST_KEY, ConfigError
 from runner.config import overrides as parsed
 from runner.folders.layout import CONFIG_FILE, saved_overrides
+
+if TYPE_CHECKING:
+    from runner.engine.checkpoint import VerifiedCheckpoint
 
 logger = logging.getLogger("runner")
 
@@ -32,6 +35,7 @@ class Resume:
     run_dir: Path
     checkpoint: Path
     replayed: tuple[str, ...]  # the run's own saved overrides, composed before the command's
+    verified: VerifiedCheckpoint | None = None  # the checkpoint's files, hashed here: the workers take them as they are
 
 
 def from_command_line(path: str, overrides: list[str], *, search_path: list[str]) -> Resume:
@@ -47,7 +51,8 @@ def from_command_line(path: str, overrides: list[str], *, search_path: list[str]
 
     evaluates = str(parsed.value(overrides, "evaluate_only")).lower() == "true"  # runner eval's command line
     verb = "eval" if evaluates else "resume"
-    run_dir, checkpoint = find_checkpoint(path, named=f"runner eval {path}" if evaluates else None)
+    run_dir, verified = find_verified_checkpoint(path, named=f"runner eval {path}" if evaluates else None)
+    checkpoint = verified.folder
     # Before anything of the folder's config is composed, validated or imported: it may name code.
     check_resumable(checkpoint, path=path, overrides=overrides, search_path=search_path, command=verb)
     switched = [line for line, override in zip(overrides, parsed.parse(overrides), strict=True)
@@ -60,7 +65,7 @@ def from_command_line(path: str, overrides: list[str], *, search_path: list[str]
             f"resume= keeps the resumed run's config groups, but {switched[0]} switches one; change values "
             f"(e.g. {example}) or start a new run."
         )
-    return Resume(path, run_dir, checkpoint, tuple(replayed_overrides(checkpoint)))
+    return Resume(path, run_dir, checkpoint, tuple(replayed_overrides(checkpoint)), verified)
 
 
 def from_config(path: str, overrides: list[str], *, search_path: list[str]) -> Resume:
@@ -72,9 +77,9 @@ def from_config(path: str, overrides: list[str], *, search_path: list[str]) -> R
     """
     from runner.folders.provenance import check_resumable
 
-    run_dir, checkpoint = find_checkpoint(path)  # verified here (past damaged ones), so not again by the workers
-    check_resumable(checkpoint, path=path, overrides=overrides, search_path=search_path)
-    return Resume(path, run_dir, checkpoint, tuple(replayed_overrides(checkpoint)))
+    run_dir, verified = find_verified_checkpoint(path)  # past damaged ones, and not hashed again by the workers
+    check_resumable(verified.folder, path=path, overrides=overrides, search_path=search_path)
+    return Resume(path, run_dir, verified.folder, tuple(replayed_overrides(verified.folder)), verified)
 
 
 def resumed_run(
@@ -103,7 +108,7 @@ def resumed_run(
 def with_started_config_dirs(error: ConfigError, command) -> ConfigError:
     """``error``, a refused option of the resumed run's, with the config folders the run was started with and this
     command lacks (``--config-dir``, ``hydra.searchpath``): its own groups' options live there."""
-    from runner.cli.search_path import search_path_entries
+    from runner.config.search_path import search_path_entries
 
     if " is not an option" not in str(error):
         return error
@@ -134,13 +139,26 @@ def find_checkpoint(path: str, *, verify_checksums: bool = True, named: str | No
     """The run folder and checkpoint folder that ``resume=path`` names.
 
     ``path`` is a ``checkpoints/checkpoint_N`` folder, or a run folder (its newest intact checkpoint,
-    skipping damaged ones with a warning). With ``verify_checksums`` the files are hashed here, and the
-    workers this process starts do not hash them again; without, only their sizes are checked here.
-    ``named``: how the refusals name the path as the user typed it (``resume=PATH`` unless given).
+    skipping damaged ones with a warning). With ``verify_checksums`` the files are hashed here; without, only
+    their sizes are checked. ``named``: how the refusals name the path as the user typed it (``resume=PATH``
+    unless given).
 
     Raises:
         ConfigError: The path is missing, not a checkpoint or run folder, or has no intact checkpoint.
     """
+    run_dir, checkpoint, _ = _find(path, verify_checksums=verify_checksums, named=named)
+    return run_dir, checkpoint
+
+
+def find_verified_checkpoint(path: str, *, named: str | None = None) -> tuple[Path, VerifiedCheckpoint]:
+    """:func:`find_checkpoint`, its files hashed: the run folder, and the checkpoint as verified, which the workers
+    load without hashing it again (``Accelerator.mark_verified``)."""
+    run_dir, _, verified = _find(path, verify_checksums=True, named=named)
+    assert verified is not None  # hashed, or refused
+    return run_dir, verified
+
+
+def _find(path: str, *, verify_checksums: bool, named: str | None) -> tuple[Path, Path, VerifiedCheckpoint | None]:
     from runner.engine.checkpoint import checkpoint_number, newest_intact_checkpoint
     from runner.engine.constants import CHECKPOINTS_DIR
 
@@ -153,8 +171,8 @@ def find_checkpoint(path: str, *, verify_checksums: bool = True, named: str | No
     if not folder.is_dir():
         raise ConfigError(f"{named} does not exist; pass a run folder or one of its checkpoints/checkpoint_N folders.")
     if checkpoint_number(folder) is not None:
-        _check_intact(folder, named, verify_checksums=verify_checksums)
-        return folder.parent.parent, folder
+        verified = _check_intact(folder, named, verify_checksums=verify_checksums)
+        return folder.parent.parent, folder, verified
     if not (folder / CHECKPOINTS_DIR).is_dir() and any(folder.glob("*.safetensors")):
         run = f" ({folder.parent})" if (folder.parent / CHECKPOINTS_DIR).is_dir() else ""  # a run's model/ folder
         raise ConfigError(
@@ -176,29 +194,29 @@ def find_checkpoint(path: str, *, verify_checksums: bool = True, named: str | No
     for checkpoint, error in skipped:
         logger.warning("Skipping %s: %s", checkpoint.name, error)
     if newest is not None:  # newest_intact_checkpoint checked it (and hashed it, with verify_checksums)
-        _check_intact(newest, named, verify_checksums=False, verified=verify_checksums)
-        return folder, newest
+        verified = _check_intact(newest, named, verify_checksums=False, verified=verify_checksums)
+        return folder, newest, verified
     raise ConfigError(f"{named} has no complete checkpoint in {folder / CHECKPOINTS_DIR}; start a new run instead.")
 
 
-def _check_intact(checkpoint: Path, named: str, *, verify_checksums: bool, verified: bool = False) -> None:
-    """Refuse a damaged checkpoint, or one not written by the runner. Once its files are verified here
-    (``verify_checksums``, or ``verified`` already), the workers this process starts do not hash them again."""
-    from runner.engine.checkpoint import read_manifest
+def _check_intact(
+    checkpoint: Path, named: str, *, verify_checksums: bool, verified: bool = False
+) -> VerifiedCheckpoint | None:
+    """Refuse a damaged checkpoint, or one not written by the runner. Returns it as verified where its files were
+    hashed (here with ``verify_checksums``, or already: ``verified``), else None."""
+    from runner.engine.checkpoint import VerifiedCheckpoint, read_manifest
     from runner.engine.checkpoint.errors import CheckpointError
-    from runner.engine.checkpoint.manifest import mark_verified
 
     try:
         manifest = read_manifest(checkpoint, verify_checksums=verify_checksums)
     except CheckpointError as error:
         raise ConfigError(f"{named}: {error}") from None
-    if verify_checksums or verified:
-        mark_verified(checkpoint, manifest)
     if not (checkpoint / CONFIG_FILE).is_file():
         raise ConfigError(
             f"{named}: {checkpoint} has no {CONFIG_FILE}, so it was not written by `python -m runner`; "
             "load it from your own script with accelerator.load_state()."
         )
+    return VerifiedCheckpoint.of(checkpoint, manifest) if verify_checksums or verified else None
 
 
 def replayed_overrides(checkpoint: Path) -> list[str]:
@@ -222,6 +240,7 @@ def resumed_config(checkpoint: Path, new_overrides: list[str], *, composed: Dict
     saved = OmegaConf.load(checkpoint / CONFIG_FILE)
     upgrade_tracker_node(saved)
     cfg = OmegaConf.merge(OmegaConf.structured(RunnerConfig), saved)
+    _fill_strategy_defaults(cfg)
     OmegaConf.set_struct(cfg, True)
     for override in parsed.parse(new_overrides):
         key = override.key_or_group
@@ -233,6 +252,20 @@ def resumed_config(checkpoint: Path, new_overrides: list[str], *, composed: Dict
     if composed is not None:
         _relink(cfg, composed, {override.key_or_group for override in parsed.parse(new_overrides)})
     return cfg
+
+
+def _fill_strategy_defaults(cfg: DictConfig) -> None:
+    """The keys of the run's parallel strategy that its saved config lacks (saved before they existed: FSDP's mesh
+    keys), at their schema's defaults, so the run is settled here, whole, and its workers take it as it is."""
+    from runner.config import OPTION_SCHEMAS
+
+    schema = OPTION_SCHEMAS["parallel"].get(str(OmegaConf.select(cfg, "parallel.strategy")))
+    if schema is None:
+        return
+    defaults = OmegaConf.to_container(OmegaConf.structured(schema))
+    for key, value in defaults.items():
+        if key not in cfg.parallel:
+            OmegaConf.update(cfg, f"parallel.{key}", value, force_add=True)
 
 
 _REFERENCE = re.compile(r"\$\{\s*([\w.\-]+)\s*\}")  # ${a.b}; a resolver's ${name:...} is not a key
@@ -297,7 +330,7 @@ def _same_length(checkpoint: Path, cfg: DictConfig) -> bool:
 
 def final_step(run_dir: Path) -> int | None:
     """The step of the run's metrics.json, written once its training ended; None before that."""
-    from runner.cli.report import final_metrics
+    from runner.folders.layout import final_metrics
 
     step = final_metrics(run_dir).get("step")
     return step if isinstance(step, int) else None

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from runner.launch.launch_environment import LaunchEnvironment
+from runner.engine.launch_environment import LaunchEnvironment
 
 TORCHRUN = {
     "RANK": "3",
@@ -23,7 +23,7 @@ def test_torchruns_variables_are_read():
     environment = LaunchEnvironment.read(TORCHRUN)
     assert environment == LaunchEnvironment(
         rank=3, world_size=8, run_id="c10d-4f2a", restart_count=2, agent_store=True,
-        master_addr="node0.cluster", master_port=29500, threads=4,
+        master_addr="node0.cluster", master_port=29500, threads=4, local_rank=1,
     )  # fmt: skip
     assert (environment.global_rank, environment.under_torchrun, environment.inside_launched_group) == (3, True, True)
 
@@ -46,6 +46,32 @@ def test_a_value_that_is_not_a_count_reads_as_absent(text):
     environment = LaunchEnvironment.read(dict.fromkeys(variables, text))
     assert environment == LaunchEnvironment()
     assert environment.global_rank == 0
+
+
+def test_a_process_count_that_is_not_one_is_named_by_the_engine_and_absent_to_the_command_line():
+    from runner.engine.distributed import read_environment
+
+    environment = LaunchEnvironment.read({"RANK": "zero", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "-1"})
+    assert (environment.rank, environment.local_world_size, environment.global_rank) == (None, None, 0)
+    assert environment.malformed == ("RANK='zero'", "LOCAL_WORLD_SIZE='-1'")
+    assert LaunchEnvironment.read({"MASTER_PORT": "x", "OMP_NUM_THREADS": "y"}).malformed == ()  # not the engine's
+    with pytest.raises(ValueError) as refused:
+        read_environment(cpu=True, launched=environment)
+    assert str(refused.value) == (
+        "Environment variable RANK='zero' is not a count (a whole number from 0); unset it or fix it."
+    )
+
+
+def test_the_engine_reads_its_place_in_the_job_from_the_same_value():
+    from runner.engine.distributed import read_environment
+
+    launched = LaunchEnvironment.read({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"})
+    env = read_environment(cpu=True, launched=launched)
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size, env.backend) == (3, 8, 1, 4, "gloo")
+    alone = read_environment(cpu=True, launched=LaunchEnvironment())
+    assert (alone.rank, alone.world_size, alone.local_rank, alone.local_world_size, alone.backend) == (0, 1, 0, 1, None)
+    with pytest.raises(ValueError, match=r"^RANK=8 is outside WORLD_SIZE=8"):
+        read_environment(cpu=True, launched=dataclasses.replace(launched, rank=8))
 
 
 def test_surrounding_spaces_around_a_number_are_allowed():

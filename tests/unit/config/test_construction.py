@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from runner.config import ConfigError
-from runner.launch.preflight import check_construction
+from runner.config.construction import check_construction
 
 
 def _run_config(model, **changes):
