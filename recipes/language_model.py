@@ -10,7 +10,6 @@ which a sweep minimises.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from pathlib import Path
@@ -24,7 +23,7 @@ from runner.data.text import VOCAB_FILE, CharVocab
 from runner.engine import Accelerator, CheckpointError, set_seed
 from runner.files import write_text_atomically
 from runner.folders.layout import METRICS_FILE, MODEL_DIR, SAMPLES_FILE
-from runner.models.run_weights import weights_from_checkpoint
+from runner.models.run_weights import reading
 from runner.training import preemption, startup, tracker_setup
 from runner.training.components import build, build_datasets
 from runner.training.loop import (
@@ -101,8 +100,8 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     set_seed(cfg.seed)
     train_set, eval_set = build_datasets(cfg.data, accelerator)
     vocab = train_set.vocab
-    with weights_from_checkpoint() if cfg.resume else contextlib.nullcontext():  # the checkpoint has them all
-        model = build(cfg.model, key="model", vocab_size=len(vocab))
+    # A resumed run's checkpoint holds every weight: a from_run in the model node reads nothing.
+    model = build(reading(cfg.model, "checkpoint") if cfg.resume else cfg.model, key="model", vocab_size=len(vocab))
     flops_per_token = model.flops_per_token()
     logger.info("GPT with %.2fM parameters, vocabulary of %d characters", model.num_parameters() / 1e6, len(vocab))
     if cfg.trainer.compile:

@@ -10,7 +10,6 @@ runner --config-dir ./conf experiment=mine          # your own model, datasets, 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from runner.engine.data.dispatch import slice_rows
 from runner.folders.layout import METRICS_FILE, MODEL_DIR
 from runner.metrics import Metrics, build_metrics
 from runner.models.adapters import trainable_parameters
-from runner.models.run_weights import weights_from_checkpoint
+from runner.models.run_weights import reading
 from runner.training import preemption, startup, tracker_setup
 from runner.training.components import (
     batch_size,
@@ -102,8 +101,8 @@ def _real_rows_loss(model, inputs, real: int, *, fallback: torch.Tensor) -> torc
 def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     set_seed(cfg.seed)
     datasets = build_datasets(cfg.data, accelerator)
-    with weights_from_checkpoint() if cfg.resume else contextlib.nullcontext():  # the checkpoint has them all
-        model = build(cfg.model, key="model")
+    # A resumed run's checkpoint holds every weight: a from_run in the model node reads nothing.
+    model = build(reading(cfg.model, "checkpoint") if cfg.resume else cfg.model, key="model")
     if cfg.trainer.compile:
         model.compile()  # in place, before prepare: parameter names and checkpoints stay the plain model's
     optimizer = build_optimizer(cfg.optimizer, trainable_parameters(model))

@@ -354,11 +354,10 @@ def _check_not_empty(prompt: str | list[int]) -> None:
 
 def _built(node, **given):
     """The run's model node, built without reading what a ``from_run`` in it names: the run's weights come next."""
-    from runner.models.run_weights import weights_from_checkpoint
+    from runner.models.run_weights import reading
     from runner.training.components import build
 
-    with weights_from_checkpoint():
-        return build(node, key="model", **given)
+    return build(reading(node, "checkpoint"), key="model", **given)
 
 
 def _with_weights(weights: Path, model):

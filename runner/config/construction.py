@@ -34,20 +34,21 @@ def check_construction(cfg) -> None:
 
     from runner.config import RECIPES
     from runner.metrics import build_metrics
-    from runner.models.run_weights import weights_from_checkpoint
+    from runner.models.run_weights import reading
     from runner.training.components import build, build_loss
     from runner.training.loop import build_optimizer, build_scheduler
 
     try:
-        with torch.device("meta"), weights_from_checkpoint("check"):  # from_run: its source exists, nothing read
+        with torch.device("meta"):
             parameters = [torch.nn.Parameter(torch.empty(1))]
+            model_node = reading(cfg.model, "check")  # a from_run in it: its source exists, nothing is read
             if RECIPES.get(cfg.recipe) == RECIPES["supervised"] and not _reads_weights(cfg.model):
-                model = build(cfg.model, key="model")
+                model = build(model_node, key="model")
                 _check_tp_plan(cfg, model)
                 parameters = list(model.parameters()) or parameters
             elif RECIPES.get(cfg.recipe) == RECIPES["language_model"] and not _reads_weights(cfg.model):
                 # Its vocabulary comes from the data; the plan's layers do not depend on its size.
-                _check_tp_plan(cfg, build(cfg.model, key="model", vocab_size=_STAND_IN_VOCABULARY))
+                _check_tp_plan(cfg, build(model_node, key="model", vocab_size=_STAND_IN_VOCABULARY))
             optimizer = build_optimizer(cfg.optimizer, parameters)
             build_scheduler(cfg.scheduler, optimizer, cfg.trainer.max_steps or 1)
             build_loss(cfg.loss)
@@ -87,7 +88,7 @@ def _check_tp_plan(cfg, model) -> None:
 def _reads_weights(node) -> bool:
     """Whether ``node``, or a node inside it, loads a model from files or the Hub (``from_pretrained``,
     ``torch.hub.load``): checking it would download and read the weights once more before the workers do.
-    ``runner.models.from_run`` reads nothing here (see :func:`runner.models.run_weights.weights_from_checkpoint`)."""
+    ``runner.models.from_run`` reads nothing here (see :func:`runner.models.run_weights.reading`)."""
     if OmegaConf.is_list(node):
         return any(_reads_weights(item) for item in node)
     if not OmegaConf.is_dict(node):

@@ -21,24 +21,30 @@ and only the tensors the model takes are read.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
+import copy
 import os
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 
 from runner.engine.checkpoint.errors import CheckpointError
 from runner.engine.checkpoint.model_weights import ModelWeights, find_model_weights
 
 
-def from_run(source: str | os.PathLike, model: nn.Module, strict: bool = True, **given) -> nn.Module:
+def from_run(
+    source: str | os.PathLike, model: nn.Module, strict: bool = True, reads: str = "source", **given
+) -> nn.Module:
     """``model`` with the weights of ``source`` (see the module docstring); returns ``model``.
 
     With ``strict``, every parameter and buffer of ``model`` must be in ``source`` (a tied weight may be there
     under one of its names, as Hugging Face stores a tied head) and ``source`` may hold nothing else.
+    ``reads`` says what the weights come from, and the runner sets it (:func:`reading`): ``"source"``, or
+    ``"checkpoint"`` where a checkpoint is loaded into the model next (a resume, ``runner eval``, ``runner
+    generate``; ``source`` is not read, and may be gone), or ``"check"`` for the launcher's check on the meta
+    device (``source`` must exist; nothing is read).
     ``given``: what a recipe passes a model it builds (the language model's ``vocab_size``, from its data):
     the model node must already say the same, since the model was built before this call.
 
@@ -47,10 +53,12 @@ def from_run(source: str | os.PathLike, model: nn.Module, strict: bool = True, *
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"from_run's model is {type(model).__name__}, not a torch module; give it a model node.")
+    if reads not in READS:
+        raise ValueError(f"from_run's reads={reads!r} is not one of {', '.join(READS)}; leave it out.")
     check_given(model, given)
-    if _READING.get() == "checkpoint":
+    if reads == "checkpoint":
         return model  # a resume, or a verb after training: the checkpoint holds every weight (source may be gone)
-    if _READING.get() == "check" or any(parameter.is_meta for parameter in model.parameters()):
+    if reads == "check" or any(parameter.is_meta for parameter in model.parameters()):
         if not Path(source).expanduser().exists():  # the launcher's check, on the meta device: read nothing
             folder = Path(source).expanduser().absolute()
             raise ValueError(
@@ -140,19 +148,28 @@ def check_given(model: nn.Module, given: dict) -> None:
             )
 
 
-_READING: contextvars.ContextVar[str | None] = contextvars.ContextVar("runner_from_run_reading", default=None)
+READS = ("source", "checkpoint", "check")  # what from_run's weights come from (see its ``reads``)
+_TARGETS = ("runner.models.from_run", "runner.models.run_weights.from_run")
 
 
-@contextlib.contextmanager
-def weights_from_checkpoint(reason: str = "checkpoint") -> Iterator[None]:
-    """Build model nodes without reading ``from_run``'s source: ``"checkpoint"`` when a checkpoint is loaded into
-    the model next (a resume, ``runner eval``, ``runner generate``), so a source moved since is no matter;
-    ``"check"`` for the launcher's check, which only asks that the source exists."""
-    token = _READING.set(reason)
-    try:
-        yield
-    finally:
-        _READING.reset(token)
+def reading(node: DictConfig, reads: str) -> DictConfig:
+    """A copy of the model node ``node`` in which every ``runner.models.from_run`` reads as ``reads`` says:
+    ``"checkpoint"`` where a checkpoint is loaded into the model next, ``"check"`` for the launcher's check."""
+    copied = copy.deepcopy(node)  # keeps its place in the config: ${...} in it resolve as in the original
+
+    def visit(each: Any) -> None:
+        if OmegaConf.is_list(each):
+            for item in each:
+                visit(item)
+        elif OmegaConf.is_dict(each):
+            if each.get("_target_") in _TARGETS:
+                with open_dict(each):
+                    each.reads = reads
+            for key in each:
+                visit(each._get_node(key))
+
+    visit(copied)
+    return copied
 
 
 def _tied_names(model: nn.Module) -> dict[str, tuple[str, ...]]:

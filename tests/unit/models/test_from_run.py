@@ -79,6 +79,25 @@ def test_the_yaml_form_builds_the_model_node_then_loads(tmp_path):
         assert instantiate(node).weight.is_meta
 
 
+def test_what_from_run_reads_is_said_in_its_node_by_the_runner(tmp_path):
+    from omegaconf import OmegaConf
+
+    from runner.models.run_weights import reading
+
+    gone = {"_target_": "runner.models.from_run", "source": str(tmp_path / "gone"),
+            "model": {"_target_": "torch.nn.Linear", "in_features": 2, "out_features": "${width}"}}  # fmt: skip
+    cfg = OmegaConf.create({"width": 3, "model": {"_target_": "torch.nn.Sequential", "_args_": [gone, gone]}})
+    resumed = reading(cfg.model, "checkpoint")  # a resume: the checkpoint loaded next holds every weight
+    assert [arg.reads for arg in resumed._args_] == ["checkpoint", "checkpoint"] and "reads" not in cfg.model._args_[0]
+    assert [layer.out_features for layer in instantiate(resumed)] == [3, 3]  # built; the folder was never read
+    from hydra.errors import InstantiationException
+
+    with pytest.raises(InstantiationException, match=f"{tmp_path / 'gone'} does not exist; pass a run folder"):
+        instantiate(reading(cfg.model, "check"))  # the launcher's check: the source must exist, nothing is read
+    with pytest.raises(ValueError, match="^from_run's reads='all' is not one of source, checkpoint, check; leave"):
+        from_run(tmp_path, nn.Linear(2, 3), reads="all")
+
+
 def test_every_refusal_is_one_sentence(tmp_path):
     save_model_files(trained(1).state_dict(), tmp_path / "tied")
     (tmp_path / "empty").mkdir()
