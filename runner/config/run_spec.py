@@ -9,10 +9,9 @@ from it and decides nothing again: no validation, no schema defaults merged, no 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,7 +96,7 @@ def settle(
     resume: resumes.Resume | None,
     output_dir: Path | None,
     environment: LaunchEnvironment,
-    search_path: list[str] = (),
+    search_path: Sequence[str] = (),
     node_settings: dict[str, Any] | None = None,
     continues: Callable[[Path], bool] | None = None,
     sweep_dir: Path | None = None,
@@ -156,7 +155,7 @@ def settle(
         node_rank=trainer["node_rank"],
         environment=environment,
     )
-    frozen = OmegaConf.create(copy.deepcopy(config))
+    frozen = OmegaConf.create(config)
     OmegaConf.set_readonly(frozen, True)
     return RunSpec(
         config=frozen,
