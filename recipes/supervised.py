@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig
 
 from runner.engine import Accelerator, set_seed
-from runner.engine.data.dispatch import slice_rows
+from runner.engine.loaders.dispatch import slice_rows
 from runner.folders.layout import METRICS_FILE, MODEL_DIR
 from runner.metrics import Metrics, build_metrics
 from runner.models.adapters import trainable_parameters

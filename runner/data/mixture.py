@@ -26,8 +26,8 @@ from typing import Any
 from torch.utils.data import IterableDataset
 
 from runner.data.mixture_weights import weights_problem
-from runner.engine.data.dispatch import stateful
-from runner.engine.data.stream_states import check_stream_state, is_count, known_length, shown, stream_state_error
+from runner.engine.loaders.dispatch import stateful
+from runner.engine.loaders.stream_states import check_stream_state, is_count, known_length, shown, stream_state_error
 
 EXHAUSTED = ("stop", "restart", "drop")
 _STARTED_KEYS = ("epoch", "started", "rng", "active", "taken", "restarts", "sources")
@@ -114,7 +114,7 @@ class Mixture(IterableDataset):
         Its draws' generator is a Mersenne Twister's state, the sources left are some of this mixture's (all of
         them unless ``exhausted`` drops), each source's count of samples taken is at most its length (where it has
         one), only restarted sources count restarts, and each source's state is checked by the source
-        (:func:`~runner.engine.data.stream_states.check_stream_state`).
+        (:func:`~runner.engine.loaders.stream_states.check_stream_state`).
         """
         keys = _STARTED_KEYS if isinstance(state, dict) and state.get("started") is True else _STARTED_KEYS[:2]
         if not isinstance(state, dict) or not isinstance(state.get("started"), bool) or set(state) != set(keys):

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
-from runner.engine.data.dispatch import stateful
-from runner.engine.data.stream_states import check_stream_state, is_count, known_length, shown, stream_state_error
+from runner.engine.loaders.dispatch import stateful
+from runner.engine.loaders.stream_states import check_stream_state, is_count, known_length, shown, stream_state_error
 
 _STATE_KEYS = ("documents", "carry", "positions", "source")
 
@@ -88,7 +88,7 @@ class Packed(IterableDataset):
 
         The documents read are a count (at most the source's length, where it has one), the carry holds token
         ids with a position each (counting up within a document, each document ending with ``eos_token_id``), and
-        the source's state is checked by the source (:func:`~runner.engine.data.stream_states.check_stream_state`).
+        the source's state is checked by the source (:func:`~runner.engine.loaders.stream_states.check_stream_state`).
         """
         if not isinstance(state, dict) or set(state) != set(_STATE_KEYS):
             raise stream_state_error(field, f"{shown(state)} is not Packed's state ({', '.join(_STATE_KEYS)})")

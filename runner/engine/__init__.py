@@ -23,7 +23,7 @@ _NAMES = {
     "AutocastKwargs": "runner.engine.precision",
     "CheckpointError": "runner.engine.checkpoint.errors",
     "DDPCommunicationHookType": "runner.engine.parallel",
-    "DataLoaderConfiguration": "runner.engine.data",
+    "DataLoaderConfiguration": "runner.engine.loaders",
     "DistributedDataParallelKwargs": "runner.engine.parallel",
     "DistributedOperationException": "runner.engine.ops",
     "DistributedType": "runner.engine.distributed",

@@ -24,10 +24,10 @@ from runner.engine.checkpoint.checkpointer import Checkpointer
 from runner.engine.checkpoint.folders import ProjectConfiguration
 from runner.engine.checkpoint.verbs import CheckpointVerbs
 from runner.engine.constants import MIXED_PRECISION_ENV
-from runner.engine.data import DataLoaderConfiguration, PreparedDataLoader
-from runner.engine.data.prepare import prepare_data_loader
 from runner.engine.distributed import AcceleratorState, DistributedEnvironment, join_process_group
 from runner.engine.kwargs_handlers import sort_kwargs_handlers
+from runner.engine.loaders import DataLoaderConfiguration, PreparedDataLoader
+from runner.engine.loaders.prepare import prepare_data_loader
 from runner.engine.memory import release_memory
 from runner.engine.numerics import resolve_math_kernels
 from runner.engine.optimizer import (

@@ -1,6 +1,6 @@
 """Accelerate's ``accelerate.data_loader`` names, so ``from accelerate.data_loader import X`` ports by renaming.
 
-The loaders themselves live in :mod:`runner.engine.data`; this module gives them Accelerate's names
+The loaders themselves live in :mod:`runner.engine.loaders`; this module gives them Accelerate's names
 (``DataLoaderShard`` is the prepared loader each process reads, ``DataLoaderDispatcher`` the one rank 0
 loads and sends) and :func:`prepare_data_loader` Accelerate's signature, for scripts that shard a loader
 without an ``Accelerator``.
@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from runner.engine.data.batch_shards import BatchSamplerShard
-from runner.engine.data.dispatch import DispatchedDataLoader, IterableDatasetShard
-from runner.engine.data.loader import DataLoaderConfiguration, PreparedDataLoader
-from runner.engine.data.prepare import prepare_data_loader as _prepare
-from runner.engine.data.sampling import SeedableRandomSampler
+from runner.engine.loaders.batch_shards import BatchSamplerShard
+from runner.engine.loaders.dispatch import DispatchedDataLoader, IterableDatasetShard
+from runner.engine.loaders.loader import DataLoaderConfiguration, PreparedDataLoader
+from runner.engine.loaders.prepare import prepare_data_loader as _prepare
+from runner.engine.loaders.sampling import SeedableRandomSampler
 from runner.engine.ops import rank_zero_value
 from runner.engine.optimizer import GradientAccumulationPlugin, GradientState
 from runner.engine.rng import synchronize_rng_states

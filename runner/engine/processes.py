@@ -20,12 +20,12 @@ import torch
 from torch.distributed.algorithms import Join
 
 from runner.engine import ops
-from runner.engine.data.dispatch import DispatchedDataLoader
 from runner.engine.distributed import AcceleratorState, DistributedType
+from runner.engine.loaders.dispatch import DispatchedDataLoader
 from runner.engine.placement import ProcessPlacement
 
 if TYPE_CHECKING:
-    from runner.engine.data import PreparedDataLoader
+    from runner.engine.loaders import PreparedDataLoader
     from runner.engine.optimizer import GradientState
     from runner.engine.parallel import ParallelismConfig
     from runner.engine.parallel.base import ParallelStrategy

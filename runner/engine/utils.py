@@ -3,7 +3,6 @@
 from runner.engine.checkpoint import ProjectConfiguration
 from runner.engine.checkpoint.merge import merge_fsdp_weights
 from runner.engine.checkpoint.serialization import load_checkpoint_in_model
-from runner.engine.data import DataLoaderConfiguration
 from runner.engine.distributed import DistributedType, InitProcessGroupKwargs
 from runner.engine.environment import parse_flag_from_env, patch_environment, str_to_bool
 from runner.engine.imports import (
@@ -27,6 +26,7 @@ from runner.engine.imports import (
     is_xpu_available,
 )
 from runner.engine.launchers import debug_launcher, notebook_launcher
+from runner.engine.loaders import DataLoaderConfiguration
 from runner.engine.memory import find_executable_batch_size, release_memory, should_reduce_batch_size
 from runner.engine.ops import (
     DistributedOperationException,

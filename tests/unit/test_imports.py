@@ -69,7 +69,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_runner_has_no_import_cycles():
     modules = _modules()
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
-    assert "runner.engine.data.dispatch" in graph["runner.engine.data.prepare"]  # the walk sees imports
+    assert "runner.engine.loaders.dispatch" in graph["runner.engine.loaders.prepare"]  # the walk sees imports
     assert _cycles(graph) == []
 
 
@@ -164,18 +164,18 @@ def test_no_module_reads_another_rooms_private_names():
 def test_a_private_read_across_rooms_is_found(tmp_path):
     module = tmp_path / "worker.py"
     module.write_text(
-        "from runner.engine.data import loader\n"
+        "from runner.engine.loaders import loader\n"
         "from runner.engine.checkpoint.staging import _write\n"
         "from runner.engine.checkpoint.loading import _read\n"
         "import runner.engine.ops as ops\n"
         "loader._batches, ops._group, ops.__name__\n"
     )
     modules = {
-        "runner.engine.data.loader": None, "runner.engine.checkpoint.staging": None,
+        "runner.engine.loaders.loader": None, "runner.engine.checkpoint.staging": None,
         "runner.engine.checkpoint.loading": None, "runner.engine.ops": None,
     }  # fmt: skip
     found = _private_reads("runner.engine.checkpoint.verbs", module, modules)
-    assert found == ["runner.engine.checkpoint.verbs: runner.engine.data.loader._batches",
+    assert found == ["runner.engine.checkpoint.verbs: runner.engine.loaders.loader._batches",
                      "runner.engine.checkpoint.verbs: runner.engine.ops._group"]  # fmt: skip
     assert _room("runner.engine.checkpoint.staging") == "runner.engine.checkpoint"
     assert _room("runner.engine.ops") == "runner.engine.ops" and _room("runner.cli.app") == "runner.cli"

@@ -96,7 +96,7 @@ _POSITION_FIELDS = {
 }
 _LOADER_FIELDS = {"epoch": (_count, _COUNT), "samples_seen": (_count, _COUNT)}
 _BATCH_LOADER_FIELDS = {"batches_seen": (_count, _COUNT)}  # a loader that keeps the user's batches whole
-# What a plain shuffle drew its pass from (runner.engine.data.shuffles.PlainShuffle).
+# What a plain shuffle drew its pass from (runner.engine.loaders.shuffles.PlainShuffle).
 _SHUFFLE_FIELDS = {
     "generators": (
         lambda value: isinstance(value, list) and all(isinstance(state, str) for state in value),

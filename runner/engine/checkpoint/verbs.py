@@ -6,7 +6,7 @@
 ``save_model`` and ``get_state_dict`` gather a model's full weights through the parallel strategy and write them
 with :mod:`~runner.engine.checkpoint.serialization`. It reads the attributes its class body declares, which the
 Accelerator sets; besides what the room may import, it imports the prepared objects and the prepared loader's
-class (:mod:`runner.engine.data`).
+class (:mod:`runner.engine.loaders`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from runner.engine.checkpoint.async_saves import AsyncSave
 from runner.engine.checkpoint.checkpointer import Checkpointer, is_stateful
 from runner.engine.checkpoint.folders import ProjectConfiguration
 from runner.engine.checkpoint.serialization import save_model_files, save_safetensors
-from runner.engine.data import PreparedDataLoader
+from runner.engine.loaders import PreparedDataLoader
 from runner.engine.prepared import PreparedObjects
 from runner.files import write_atomically
 

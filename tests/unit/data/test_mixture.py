@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from runner.data import Mixture, Packed
 from runner.engine import Accelerator
 from runner.engine.checkpoint.errors import CheckpointError
-from runner.engine.data.stream_states import shown
+from runner.engine.loaders.stream_states import shown
 from tests.helpers import StatefulRange
 
 

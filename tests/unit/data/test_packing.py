@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 from runner.data import Packed
 from runner.engine import Accelerator
 from runner.engine.checkpoint.errors import CheckpointError
-from runner.engine.data.stream_states import shown, stream_state_error
+from runner.engine.loaders.stream_states import shown, stream_state_error
 from tests.helpers import StatefulRange
 from tests.unit.engine.checkpoint.checkpoint_edits import rewrite_manifest
 

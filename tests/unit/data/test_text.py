@@ -14,8 +14,8 @@ import runner.data
 from runner.data import text_files
 from runner.data.download import DataFileError, DownloadError
 from runner.data.text import MAX_VOCAB_BYTES, CharVocab, CharWindows, build_char_dataset, split_tokens
-from runner.engine.data import DataLoaderConfiguration
-from runner.engine.data.prepare import prepare_data_loader
+from runner.engine.loaders import DataLoaderConfiguration
+from runner.engine.loaders.prepare import prepare_data_loader
 from runner.engine.optimizer import GradientAccumulationPlugin, GradientState
 from tests.helpers import http_mirror
 from tests.shared_data import SHAKESPEARE, needs_shakespeare

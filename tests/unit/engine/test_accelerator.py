@@ -14,7 +14,7 @@ from runner.engine import (
     GradScalerKwargs,
     ProjectConfiguration,
 )
-from runner.engine.data import PreparedDataLoader
+from runner.engine.loaders import PreparedDataLoader
 from tests.helpers import loader, regression_data, small_model, train
 
 

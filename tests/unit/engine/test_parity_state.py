@@ -8,8 +8,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from runner.engine import Accelerator, DataLoaderConfiguration, FullyShardedDataParallelPlugin
-from runner.engine.data.sampling import SeedableRandomSampler
 from runner.engine.distributed import AcceleratorState, DistributedEnvironment, DistributedType
+from runner.engine.loaders.sampling import SeedableRandomSampler
 from runner.engine.utils import synchronize_rng_states
 
 STATE_ATTRIBUTES = (

@@ -112,7 +112,8 @@ DATA_LOADER = [  # accelerate.data_loader's counterpart
 ]
 # Where porting users import from, by module: each name must stay importable there.
 IMPORTED_FROM = {
-    "runner.engine.data": ["DataLoaderConfiguration", "SeedableRandomSampler", "prepare_data_loader"],
+    "runner.engine.data": ["DataLoaderConfiguration", "SeedableRandomSampler", "prepare_data_loader"],  # old home
+    "runner.engine.loaders": ["DataLoaderConfiguration", "SeedableRandomSampler", "prepare_data_loader"],
     "runner.engine.dispatch": ["DispatchedDataLoader", "IterableDatasetShard"],
     "runner.engine.local_sgd": ["LocalSGD"],
     "runner.engine.state": ["AcceleratorState", "GradientState", "PartialState"],

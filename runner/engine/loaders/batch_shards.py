@@ -2,7 +2,7 @@
 
 ``DataLoader(batch_sampler=...)`` with a sampler other than torch's ``BatchSampler`` (or a
 ``BatchSampler`` given as ``sampler`` with ``batch_size=None``) decides the batches itself, so they
-are not cut into global batches of samples as :mod:`runner.engine.data.sampling` does: they are handed
+are not cut into global batches of samples as :mod:`runner.engine.loaders.sampling` does: they are handed
 out whole, as Accelerate's ``BatchSamplerShard`` hands them out.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from runner.engine.data.sampling import SeededBatch, batch_seed
+from runner.engine.loaders.sampling import SeededBatch, batch_seed
 
 
 class BatchSamplerShard(Sampler[list]):

@@ -1,14 +1,14 @@
-"""The engine's data room: how ``prepare`` makes a DataLoader hand each rank its share of every global batch,
-and where a loader keeps its position in the data.
+"""The engine's loaders room: how ``prepare`` makes a DataLoader hand each rank its share of every global batch,
+and where a loader keeps its position in the data. (The datasets a config declares are :mod:`runner.data`'s.)
 
-- :mod:`~runner.engine.data.sampling`: the sharding arithmetic (global batches, padding) and the seeded
+- :mod:`~runner.engine.loaders.sampling`: the sharding arithmetic (global batches, padding) and the seeded
   samplers.
-- :mod:`~runner.engine.data.shuffles`: each pass's order drawn as the unprepared loader draws it.
-- :mod:`~runner.engine.data.batch_shards`: a user's batch sampler, sharded by whole batches.
-- :mod:`~runner.engine.data.loader`: the prepared loader, its configuration and its position (``state_dict``).
-- :mod:`~runner.engine.data.dispatch`: streams read on each rank, and batches rank 0 loads and sends.
-- :mod:`~runner.engine.data.worker_streams`: streams read by loader workers, each its part, a state for each.
-- :mod:`~runner.engine.data.prepare`: the ``prepare_data_loader`` the Accelerator calls, which picks one of them;
+- :mod:`~runner.engine.loaders.shuffles`: each pass's order drawn as the unprepared loader draws it.
+- :mod:`~runner.engine.loaders.batch_shards`: a user's batch sampler, sharded by whole batches.
+- :mod:`~runner.engine.loaders.loader`: the prepared loader, its configuration and its position (``state_dict``).
+- :mod:`~runner.engine.loaders.dispatch`: streams read on each rank, and batches rank 0 loads and sends.
+- :mod:`~runner.engine.loaders.worker_streams`: streams read by loader workers, each its part, a state for each.
+- :mod:`~runner.engine.loaders.prepare`: the ``prepare_data_loader`` the Accelerator calls, which picks one of them;
   the one exported here takes Accelerate's arguments (:mod:`runner.engine.data_loader`).
 
 It may import torch, :mod:`runner.engine.ops` (moving batches to a device) and the checkpoint room's
@@ -16,10 +16,10 @@ It may import torch, :mod:`runner.engine.ops` (moving batches to a device) and t
 below are importable from here, as they were from the module this room grew from.
 """
 
-from runner.engine.data.batch_shards import BatchSamplerShard
-from runner.engine.data.dispatch import DispatchedDataLoader, IterableDatasetShard
-from runner.engine.data.loader import BatchShardedDataLoader, DataLoaderConfiguration, PreparedDataLoader
-from runner.engine.data.sampling import (
+from runner.engine.loaders.batch_shards import BatchSamplerShard
+from runner.engine.loaders.dispatch import DispatchedDataLoader, IterableDatasetShard
+from runner.engine.loaders.loader import BatchShardedDataLoader, DataLoaderConfiguration, PreparedDataLoader
+from runner.engine.loaders.sampling import (
     SeedableRandomSampler,
     SeededBatch,
     ShardedBatchSampler,
@@ -28,7 +28,7 @@ from runner.engine.data.sampling import (
     seed_generators,
     seeded_worker_init_fn,
 )
-from runner.engine.data.shuffles import PlainShuffle
+from runner.engine.loaders.shuffles import PlainShuffle
 
 __all__ = [
     "BatchSamplerShard",

@@ -34,9 +34,9 @@ from typing import Any, NamedTuple
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from runner.engine.data.dispatch import DispatchedDataLoader, batch_rows, concat_rows, slice_rows, stateful
-from runner.engine.data.loader import PreparedDataLoader
-from runner.engine.data.stream_states import check_stream_state, is_count, shown, stream_state_error
+from runner.engine.loaders.dispatch import DispatchedDataLoader, batch_rows, concat_rows, slice_rows, stateful
+from runner.engine.loaders.loader import PreparedDataLoader
+from runner.engine.loaders.stream_states import check_stream_state, is_count, shown, stream_state_error
 
 _POSITION_KEYS = ("workers", "ended", "next", "rows")
 _NAMED_STATE_KEYS = {"loader_worker", "stream_state"}
@@ -185,7 +185,7 @@ class WorkerRouter:
 def checked_position(position: Any, *, stream: WorkerStream, workers: int) -> dict[str, Any]:
     """``position`` (a checkpoint's ``worker_states``) if ``workers`` loader workers of ``stream`` can continue from
     it: the workers it names are this loader's, the worker due has not ended, each state sits in its own worker's
-    place and fits the stream (:func:`~runner.engine.data.stream_states.check_stream_state`). Else one sentence
+    place and fits the stream (:func:`~runner.engine.loaders.stream_states.check_stream_state`). Else one sentence
     naming the field."""
     if not isinstance(position, dict) or set(position) != set(_POSITION_KEYS):
         raise stream_state_error(

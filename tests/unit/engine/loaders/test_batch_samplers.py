@@ -8,8 +8,8 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, SequentialSampler
 
 from runner.engine import Accelerator, DataLoaderConfiguration
-from runner.engine.data.batch_shards import BatchSamplerShard
-from runner.engine.data.prepare import prepare_data_loader
+from runner.engine.loaders.batch_shards import BatchSamplerShard
+from runner.engine.loaders.prepare import prepare_data_loader
 from runner.engine.optimizer import GradientAccumulationPlugin, GradientState
 
 VARYING = [[0, 1, 2], [3], [4, 5], [6, 7, 8, 9], [10]]

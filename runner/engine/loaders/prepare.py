@@ -1,8 +1,9 @@
 """``prepare`` for a DataLoader: rebuild it over this rank's shard, as a map-style, streamed or dispatched loader.
 
-:mod:`runner.engine.data.sampling` holds the sharding arithmetic and the samplers, :mod:`runner.engine.data.loader`
-the map-style loader, :mod:`runner.engine.data.dispatch` the loaders for streams and for batches rank 0 loads,
-:mod:`runner.engine.data.worker_streams` those for streams that loader workers read; this module chooses between them.
+:mod:`~runner.engine.loaders.sampling` holds the sharding arithmetic and the samplers,
+:mod:`~runner.engine.loaders.loader` the map-style loader, :mod:`~runner.engine.loaders.dispatch` the loaders for
+streams and for batches rank 0 loads, :mod:`~runner.engine.loaders.worker_streams` those for streams that loader
+workers read; this module chooses between them.
 """
 
 from __future__ import annotations
@@ -14,16 +15,16 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from runner.engine.data import dispatch, worker_streams
-from runner.engine.data.batch_shards import BatchSamplerShard
-from runner.engine.data.loader import BatchShardedDataLoader, DataLoaderConfiguration, PreparedDataLoader
-from runner.engine.data.sampling import (
+from runner.engine.loaders import dispatch, worker_streams
+from runner.engine.loaders.batch_shards import BatchSamplerShard
+from runner.engine.loaders.loader import BatchShardedDataLoader, DataLoaderConfiguration, PreparedDataLoader
+from runner.engine.loaders.sampling import (
     SeedableRandomSampler,
     ShardedBatchSampler,
     Sharding,
     seeded_worker_init_fn,
 )
-from runner.engine.data.shuffles import PlainShuffle, int64_draw
+from runner.engine.loaders.shuffles import PlainShuffle, int64_draw
 
 _LOADER_OPTIONS = (
     "num_workers",
@@ -71,7 +72,7 @@ def prepare_data_loader(
             (``batch_size`` set, or a ``batch_sampler``), or over a map-style dataset with a
             ``BatchSampler`` as its ``sampler`` and ``batch_size=None``. A batch sampler other than
             torch's own keeps its batches whole: each rank gets its share of them (see
-            :class:`~runner.engine.data.batch_shards.BatchSamplerShard`).
+            :class:`~runner.engine.loaders.batch_shards.BatchSamplerShard`).
         device: Where batches are moved, or None to leave them where the loader puts them.
         broadcast_seed: Makes rank 0's shuffle seed everyone's (a collective when distributed).
         share: Makes rank 0's value (a generator's state, a seed) everyone's, as each pass begins
@@ -232,7 +233,7 @@ def _workers_keep_state(options: dict[str, Any], dataloader: DataLoader) -> bool
 def _worker_stream_loader(
     dataloader: DataLoader, *, dispatched: bool, comm_device: torch.device | None, **common: Any
 ) -> PreparedDataLoader:
-    """A loader whose workers each read their part of a stream with state (:mod:`runner.engine.data.worker_streams`):
+    """A loader whose workers each read their part of a stream with state (:mod:`runner.engine.loaders.worker_streams`):
     on one process, the plain loader's batches; on several, rank 0's global batches, dispatched."""
     sharding = common["sharding"]
     size = sharding.global_batch_size if dispatched else sharding.per_process

@@ -1,12 +1,12 @@
 """Sharded data loading: distinct samples per rank, seeded shuffling, even batch counts.
 
-How each global batch is split across ranks, shuffled and seeded is :mod:`runner.engine.data.sampling`
-(its names are importable from the package, :mod:`runner.engine.data`, too). This module holds the loader
+How each global batch is split across ranks, shuffled and seeded is :mod:`runner.engine.loaders.sampling`
+(its names are importable from the package, :mod:`runner.engine.loaders`, too). This module holds the loader
 those samplers feed: it moves batches to the device, counts each pass's batches so the Accelerator knows when an epoch
 ends, and records its position for ``save_state``.
 
 Map-style datasets are sharded by index (each rank loads only its samples). Iterable datasets, and
-any dataset with ``dispatch_batches``, go through :mod:`runner.engine.data.dispatch`, with the same
+any dataset with ``dispatch_batches``, go through :mod:`runner.engine.loaders.dispatch`, with the same
 global batches, padding and positions.
 """
 
@@ -21,10 +21,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from runner.engine.checkpoint.errors import CheckpointError
-from runner.engine.data.batch_shards import BatchSamplerShard
-from runner.engine.data.sampling import SeedableRandomSampler, Sharding
-from runner.engine.data.shuffles import PlainShuffle, int64_draw
-from runner.engine.data.stream_states import check_stream_state
+from runner.engine.loaders.batch_shards import BatchSamplerShard
+from runner.engine.loaders.sampling import SeedableRandomSampler, Sharding
+from runner.engine.loaders.shuffles import PlainShuffle, int64_draw
+from runner.engine.loaders.stream_states import check_stream_state
 from runner.engine.ops import send_to_device
 
 logger = logging.getLogger("runner")
@@ -240,7 +240,7 @@ class PreparedDataLoader(DataLoader):
 
     def _checked_stream_state(self, saved: Any) -> Any:
         """``saved`` (a position's ``dataset_state``) if this loader's stream can continue from it; else one sentence
-        naming its field (see :mod:`runner.engine.data.stream_states`). A stream's state is checked as it is loaded,
+        naming its field (see :mod:`runner.engine.loaders.stream_states`). A stream's state is checked as it is loaded,
         before any pass reads it: a wrong one would fail deep in a pass, or resume on other data."""
         check_stream_state(self._stream, saved, field=self._stream_key)
         return saved

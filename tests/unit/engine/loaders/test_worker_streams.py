@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 from runner.data import Packed
 from runner.engine import Accelerator
 from runner.engine.checkpoint.errors import CheckpointError
-from runner.engine.data.worker_streams import Tagged, WorkerRouter
+from runner.engine.loaders.worker_streams import Tagged, WorkerRouter
 from tests.helpers import ShardedRange
 
 

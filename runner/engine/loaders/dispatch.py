@@ -1,6 +1,6 @@
 """Loaders for iterable datasets, and loaders whose batches rank 0 loads and sends to every rank.
 
-Both keep the global batches of :mod:`runner.engine.data.sampling`: rank ``r`` gets the r-th slice of every
+Both keep the global batches of :mod:`runner.engine.loaders.sampling`: rank ``r`` gets the r-th slice of every
 ``batch_size * num_processes`` consecutive samples, and the short last global batch is padded (with
 ``even_batches``) from the start of the epoch, so ``gather_for_metrics`` returns each sample once.
 
@@ -17,7 +17,7 @@ Face ``IterableDataset``, a torchdata node, ``runner.data.Mixture``, a class of 
 state as of the last batch handed out, and resumed from it without reading what was seen: the state is the
 stream's global position (one reader: every rank's stream, or rank 0's under dispatch), so a run may resume
 on another number of processes. It must be JSON (numbers, strings, lists, dicts), as the manifest records it.
-With ``num_workers > 0`` a stream with state is read by :mod:`runner.engine.data.worker_streams` (each worker its
+With ``num_workers > 0`` a stream with state is read by :mod:`runner.engine.loaders.worker_streams` (each worker its
 part, a state for each). A stream without state is resumed by reading past the samples already seen, which it
 says once; such a stream must be the same in every pass of an epoch (seed any shuffling from ``set_epoch``).
 """
@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
-from runner.engine.data.loader import PreparedDataLoader
-from runner.engine.data.sampling import ShardedBatchSampler, Sharding
+from runner.engine.loaders.loader import PreparedDataLoader
+from runner.engine.loaders.sampling import ShardedBatchSampler, Sharding
 
 _END = object()
 

@@ -3,7 +3,7 @@ import torch
 from torch.utils.data import DataLoader, SequentialSampler, SubsetRandomSampler, TensorDataset
 
 from runner.engine import Accelerator, DataLoaderConfiguration
-from runner.engine.data import SeedableRandomSampler, ShardedBatchSampler, Sharding, batch_seed
+from runner.engine.loaders import SeedableRandomSampler, ShardedBatchSampler, Sharding, batch_seed
 
 
 def samplers(n, batch_size, world, **kwargs):

@@ -5,8 +5,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from runner.engine import Accelerator
-from runner.engine.data import DataLoaderConfiguration, Sharding
-from runner.engine.data.dispatch import (
+from runner.engine.loaders import DataLoaderConfiguration, Sharding
+from runner.engine.loaders.dispatch import (
     IterableDatasetShard,
     batch_rows,
     concat_rows,
@@ -14,7 +14,7 @@ from runner.engine.data.dispatch import (
     slice_rows,
     take_rows,
 )
-from runner.engine.data.prepare import prepare_data_loader
+from runner.engine.loaders.prepare import prepare_data_loader
 from runner.engine.optimizer import GradientAccumulationPlugin, GradientState
 from tests.helpers import StatefulRange
 
