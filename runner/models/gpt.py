@@ -9,12 +9,16 @@ shares its weight with the token embedding. Each :class:`Block` is a natural FSD
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from runner.models.checks import check_dropout, check_sizes
+
+if TYPE_CHECKING:
+    from runner.engine.parallel.pipeline import PipelinePlan
 
 
 class CausalSelfAttention(nn.Module):
@@ -194,6 +198,15 @@ class GPT(nn.Module):
             idx = torch.cat((idx, following.to(idx.device)), dim=1)
         return idx
 
+    def pp_plan(self) -> PipelinePlan:
+        """How pipeline parallelism cuts the model (:mod:`runner.engine.parallel.pipeline`): the embeddings, each
+        block, the final norm and the head, in forward order; the head's weight is the token embedding's."""
+        from runner.engine.parallel.pipeline import PipelinePlan
+
+        blocks = tuple(f"blocks.{name}" for name in self.blocks._modules)
+        units = ("token_embedding", "position_embedding", *blocks, "ln_f", "lm_head")
+        return PipelinePlan(units, _stage_forward, tied={"lm_head.weight": "token_embedding.weight"})
+
     def num_parameters(self, *, embeddings: bool = False) -> int:
         """Parameters, the tied embedding counted once; without the position embedding unless ``embeddings``.
 
@@ -215,3 +228,18 @@ class GPT(nn.Module):
         length = self.block_size if sequence_length is None else sequence_length
         head_size = self.n_embd // self.n_head
         return 6 * self.num_parameters() + 12 * self.n_layer * self.n_head * head_size * length
+
+
+def _stage_forward(self: GPT, x: torch.Tensor) -> torch.Tensor:
+    """One pipeline stage of a GPT holding some of its units (see :meth:`GPT.pp_plan`): token ids in on the first
+    stage, the residual stream between stages, logits out of the last."""
+    if self.token_embedding is not None:
+        time = x.shape[1]
+        if time > self.block_size:
+            raise ValueError(f"A sequence of {time} tokens is longer than the model's block_size={self.block_size}.")
+        x = self.dropout(self.token_embedding(x) + self.position_embedding(torch.arange(time, device=x.device)))
+    for block in self.blocks:  # this stage's blocks only, in order
+        x = block(x)
+    if self.ln_f is not None:
+        x = self.ln_f(x)
+    return x if self.lm_head is None else self.lm_head(x)

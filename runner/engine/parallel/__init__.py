@@ -4,7 +4,10 @@ A strategy wraps a plain ``nn.Module`` (models never know how they are paralleli
 optimizers built from it pointing at its parameters, provides the context that skips gradient
 synchronisation during accumulation, the model's full state dict and the total norm of its
 gradients, and owns the models' and optimizers' state in a checkpoint: how it is written and read,
-and the format the manifest records (see :mod:`runner.engine.parallel.base`).
+and the format the manifest records (see :mod:`runner.engine.parallel.base`). Beside them,
+:mod:`~runner.engine.parallel.mesh` lays out the N-D device mesh, :mod:`~runner.engine.parallel.tensor_parallel`
+splits layers by a plan, and :mod:`~runner.engine.parallel.pipeline` cuts a model into pipeline stages by its plan
+(the pieces pipeline parallelism is built from: the stages keep the model's names, torch's schedules by name).
 
 It may import torch, the engine's core modules and its checkpoint room; nothing outside the engine.
 """
