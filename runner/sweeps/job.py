@@ -119,8 +119,10 @@ def record_ended(folder: Path, overrides: list[str], error: str) -> dict[str, An
 
 
 def _write_record(folder: Path, record: dict[str, Any]) -> None:
+    # A job on several nodes runs the app once per node, and each records the job's start and end: each writes under
+    # a temporary name of its own (one shared name, renamed away by one, fails the other's rename).
     folder.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(folder / JOB_FILE, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    write_text_atomically(folder / JOB_FILE, json.dumps(record, indent=2, sort_keys=True) + "\n", shared=True)
 
 
 def apply_thread_budget(num_processes: int) -> int | None:
