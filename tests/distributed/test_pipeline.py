@@ -26,12 +26,16 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
     return tuple(torch.randint(VOCAB, (BATCH, TIME), generator=generator) for _ in range(2))
 
 
-def _stage_step(schedule: str) -> dict:
-    """One step of ``schedule`` on this process's stage: the losses it saw (the last stage's), its gradients."""
-    from torch.distributed.pipelining import PipelineStage
-
+def _stage_steps() -> dict:
+    """One step of each schedule on this process's stage: the losses it saw (the last stage's), its gradients."""
     env = read_environment()
     init_process_group(env)
+    return {schedule: _stage_step(schedule, env) for schedule in ("gpipe", "1f1b")}
+
+
+def _stage_step(schedule: str, env) -> dict:
+    from torch.distributed.pipelining import PipelineStage
+
     model = _gpt()
     plan = pipeline_plan(model)
     schedule_type, _ = schedule_class(schedule)
@@ -56,17 +60,18 @@ def _stage_step(schedule: str) -> dict:
     return {"loss": sum(losses).item() if losses else None, "grads": grads}
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_a_gpt_cut_into_two_stages_steps_as_the_whole_model(launch, schedule):
-    first, last = launch(_stage_step, schedule)
+def test_a_gpt_cut_into_two_stages_steps_as_the_whole_model_under_gpipe_and_1f1b(launch):
+    ranks = launch(_stage_steps)
     model = _gpt()
     _, loss = model(*_batch())
     loss.backward()
     reference = dict(model.named_parameters(remove_duplicate=False))
-    assert first["loss"] is None and last["loss"] == pytest.approx(loss.item(), abs=1e-6)
-    assert sorted([*first["grads"], *last["grads"]]) == sorted(reference)  # every name once, the tied head's too
-    for grads in (first["grads"], last["grads"]):
-        for name, grad in grads.items():
-            torch.testing.assert_close(grad, reference[name].grad, rtol=0, atol=1e-6)
-    # The tied ends: each its stage's share alone, summed to the whole model's gradient on both.
-    assert torch.equal(first["grads"]["token_embedding.weight"], last["grads"]["lm_head.weight"])
+    for schedule in ("gpipe", "1f1b"):
+        first, last = (rank[schedule] for rank in ranks)
+        assert first["loss"] is None and last["loss"] == pytest.approx(loss.item(), abs=1e-6), schedule
+        assert sorted([*first["grads"], *last["grads"]]) == sorted(reference)  # every name once, the tied head's
+        for grads in (first["grads"], last["grads"]):
+            for name, grad in grads.items():
+                torch.testing.assert_close(grad, reference[name].grad, rtol=0, atol=1e-6, msg=f"{schedule}: {name}")
+        # The tied ends: each its stage's share alone, summed to the whole model's gradient on both.
+        assert torch.equal(first["grads"]["token_embedding.weight"], last["grads"]["lm_head.weight"]), schedule
