@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -44,6 +44,7 @@ from runner.engine.parallel import (
     sync_in_next_backward,
     unwrap_module,
 )
+from runner.engine.parallel.pipelined import PipelinedModel
 from runner.engine.precision import (
     AutocastKwargs,
     GradScalerKwargs,
@@ -173,7 +174,7 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
     ) -> None:
         self._strategy = select_strategy(
             env, ddp_kwargs=ddp_kwargs, fsdp_plugin=fsdp_plugin, param_dtype=_PARAMETER_DTYPES.get(precision),
-            parallelism_config=parallelism_config,
+            parallelism_config=parallelism_config, precision=self._precision,
         )  # fmt: skip
         self.parallelism_config = None if parallelism_config is None else parallelism_config.resolve(env.world_size)
         # Built last: it reports the strategy and precision chosen above. Each Accelerator has its own.
@@ -332,6 +333,43 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)
 
+    def forward_backward(
+        self,
+        model: nn.Module,
+        *args: Any,
+        target: Any = None,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """One micro-step's forward and backward: ``loss = loss_fn(model(*args, **kwargs), target)``, then
+        :meth:`backward`; returns the loss, detached.
+
+        Under pipeline parallelism the same call is one step of the pipeline's schedule (torch's ``schedule.step``):
+        the batch is split into ``pp_microbatches`` micro-batches whose forwards and backwards the stages run in the
+        schedule's order; the first stage reads ``args`` and ``kwargs``, the last compares its outputs with
+        ``target``, each micro-batch's loss counting ``1 / pp_microbatches`` of the batch's (so ``loss_fn`` should
+        average over its rows, as the usual losses do). The loss returned, the batch's mean, is the same on every
+        stage. Accumulation works as without pipelining (``accumulate`` around it); clip with
+        :meth:`clip_grad_norm_`, which takes the norm across the stages.
+
+        Example:
+            >>> with accelerator.accumulate(model):
+            ...     loss = accelerator.forward_backward(model, inputs, target=targets, loss_fn=F.cross_entropy)
+            ...     optimizer.step()
+            ...     optimizer.zero_grad()
+        """
+        if isinstance(model, PipelinedModel):
+            factor = torch.ones((), device=self.device) / self.gradient_state.num_steps
+            if self.scaler is not None:
+                factor = self.scaler.scale(factor)
+            loss = model.step(args, kwargs, target, loss_fn, scale=factor)
+            if self.sync_gradients:
+                model.sum_tied_gradients()
+            return loss
+        loss = loss_fn(model(*args, **kwargs), target)
+        self.backward(loss)
+        return loss.detach()
+
     @contextlib.contextmanager
     def accumulate(self, *models: nn.Module) -> Iterator[None]:
         """One micro-step of gradient accumulation.
@@ -394,7 +432,7 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
         if not self.sync_gradients:
             return None
         self.unscale_gradients()
-        return self._strategy.total_norm(torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type))
+        return self._strategy.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters, clip_value: float) -> None:
         """Clamp every gradient to ``[-clip_value, clip_value]``, after unscaling under fp16."""
@@ -417,8 +455,12 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
 
     # ---------------------------------------------------------------------------------------- models
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
-        """The original module inside a prepared one (without the autocast forward, if asked)."""
-        module = unwrap_module(model)
+        """The original module inside a prepared one (without the autocast forward, if asked).
+
+        Under pipeline parallelism that is the whole model, built anew on every process from every stage's weights:
+        a collective, which every process calls (as ``get_state_dict``).
+        """
+        module = self._strategy.whole_model(model) if isinstance(model, PipelinedModel) else unwrap_module(model)
         return module if keep_fp32_wrapper else remove_autocast(module)
 
     # --------------------------------------------------------------------------------------- the end

@@ -23,7 +23,7 @@ import contextlib
 import functools
 import pickle
 import warnings
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -242,10 +242,10 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _options(full: bool):
+def _options(full: bool, *, flatten: bool = False):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(full_state_dict=full, cpu_offload=full)
+    return StateDictOptions(full_state_dict=full, cpu_offload=full, flatten_optimizer_state_dict=flatten)
 
 
 def owner_of(optimizer: torch.optim.Optimizer, models: Sequence[nn.Module]) -> nn.Module:
@@ -257,16 +257,57 @@ def owner_of(optimizer: torch.optim.Optimizer, models: Sequence[nn.Module]) -> n
     raise ValueError("An optimizer updates none of the prepared models' parameters; prepare its model too.")
 
 
-def save_sharded(folder: Any, models: Sequence[nn.Module], optimizers: Sequence[Any], names) -> None:
-    """Every rank writes its shards of each model and optimizer through ``folder`` (a ``CheckpointWriter``)."""
+def save_sharded(
+    folder: Any,
+    models: Sequence[nn.Module],
+    optimizers: Sequence[Any],
+    names,
+    *,
+    flatten: bool = False,
+    aliases: Mapping[str, str] | None = None,
+) -> None:
+    """Every rank writes its shards of each model and optimizer through ``folder`` (a ``CheckpointWriter``).
+
+    Args:
+        flatten: Write the optimizers' state flattened by parameter name (``state.<name>.<key>``,
+            ``param_groups.<name>.<key>``), torch's ``flatten_optimizer_state_dict``: where ranks hold different
+            parameters (pipeline stages), their parameter groups' indices would name different parameters.
+        aliases: Parameter names this rank's optimizer state is written under another name (a tied weight's
+            alias -> its canonical name, the one the whole model's optimizer knows it by).
+    """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     for i, model in enumerate(models):
         folder.save_sharded({"model": get_model_state_dict(model, options=_options(False))}, names(MODEL_NAME, i, ""))
     for i, optimizer in enumerate(optimizers):
         inner = optimizer.optimizer
-        state = {"optimizer": get_optimizer_state_dict(owner_of(inner, models), inner, options=_options(False))}
-        folder.save_sharded(state, names(OPTIMIZER_NAME, i, ""))
+        state = get_optimizer_state_dict(owner_of(inner, models), inner, options=_options(False, flatten=flatten))
+        if aliases:
+            state = _renamed(state, aliases)
+        folder.save_sharded({"optimizer": state}, names(OPTIMIZER_NAME, i, ""))
+
+
+def _renamed(state: dict[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    """A flattened optimizer state with the parameters ``names`` maps renamed (``state.<old>.x`` becomes
+    ``state.<new>.x``)."""
+    renamed = {}
+    for key, value in state.items():
+        for old, new in names.items():
+            for section in ("state.", "param_groups."):
+                if key.startswith(f"{section}{old}."):
+                    key = f"{section}{new}.{key.removeprefix(f'{section}{old}.')}"
+        renamed[key] = value
+    return renamed
+
+
+def flattened_optimizer(folder: Path, listed: Collection[str]) -> bool:
+    """Whether the DCP optimizer folder ``folder`` holds its parameter groups flattened by parameter name."""
+    metadata = read_dcp_metadata(folder, listed)
+    prefix = "optimizer.param_groups."
+    return any(
+        key.startswith(prefix) and not key.removeprefix(prefix).split(".", 1)[0].isdigit()
+        for key in metadata.state_dict_metadata
+    )
 
 
 def gather_full(models: Sequence[nn.Module], optimizers: Sequence[Any]) -> tuple[list[dict], list[dict]]:
@@ -352,10 +393,17 @@ def load_whole_dcp_state(folder: Path, listed: Collection[str]) -> dict[str, Any
 
 
 def load_optimizer(
-    source: Path | dict[str, Any], optimizer: Any, models: Sequence[nn.Module], *, listed: Collection[str] = ()
+    source: Path | dict[str, Any],
+    optimizer: Any,
+    models: Sequence[nn.Module],
+    *,
+    listed: Collection[str] = (),
+    flatten: bool | None = None,
+    aliases: Mapping[str, str] | None = None,
 ) -> None:
     """Load a DCP folder (whose files the manifest lists as ``listed``), or a full optimizer state dict, into a
-    prepared optimizer."""
+    prepared optimizer. ``flatten`` and ``aliases`` as for :func:`save_sharded`; ``flatten`` None reads the state
+    as it was written."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     inner = optimizer.optimizer
@@ -363,9 +411,18 @@ def load_optimizer(
     if isinstance(source, dict):
         set_optimizer_state_dict(model, inner, source, options=_options(True))
     else:
-        state = {"optimizer": get_optimizer_state_dict(model, inner, options=_options(False))}
+        if flatten is None:
+            flatten = flattened_optimizer(source, listed)
+        options = _options(False, flatten=flatten)
+        state = get_optimizer_state_dict(model, inner, options=options)
+        if aliases:
+            state = _renamed(state, aliases)
+        state = {"optimizer": state}
         _load(state, source, listed)
-        set_optimizer_state_dict(model, inner, state["optimizer"], options=_options(False))
+        loaded = state["optimizer"]
+        if aliases:
+            loaded = _renamed(loaded, {new: old for old, new in aliases.items()})
+        set_optimizer_state_dict(model, inner, loaded, options=options)
     for group in inner.param_groups:  # torch's loader hands tuples (Adam's betas) back as lists
         for key, default in inner.defaults.items():
             if isinstance(default, tuple) and isinstance(group.get(key), list):

@@ -7,7 +7,8 @@ gradients, and owns the models' and optimizers' state in a checkpoint: how it is
 and the format the manifest records (see :mod:`runner.engine.parallel.base`). Beside them,
 :mod:`~runner.engine.parallel.mesh` lays out the N-D device mesh, :mod:`~runner.engine.parallel.tensor_parallel`
 splits layers by a plan, and :mod:`~runner.engine.parallel.pipeline` cuts a model into pipeline stages by its plan
-(the pieces pipeline parallelism is built from: the stages keep the model's names, torch's schedules by name).
+(the stages keep the model's names, torch's schedules by name), which :mod:`~runner.engine.parallel.pipelined`
+runs as a strategy on the mesh's ``pp`` dimension.
 
 It may import torch, the engine's core modules and its checkpoint room; nothing outside the engine.
 """
@@ -50,15 +51,26 @@ def select_strategy(
     fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
     param_dtype=None,
     parallelism_config: ParallelismConfig | None = None,
+    precision=None,
 ) -> ParallelStrategy:
-    """FSDP2 on a mesh when a plugin is given, or a parallelism config that shards or splits the model (tensor
-    parallelism); otherwise DDP across several processes, else none.
+    """Pipeline stages when the parallelism config has several (each sharded or split as below); FSDP2 on a mesh
+    when a plugin is given, or a parallelism config that shards or splits the model (tensor parallelism);
+    otherwise DDP across several processes, else none.
+
+    Args:
+        precision: The run's :class:`~runner.engine.precision.Precision`, whose autocast each pipeline stage's
+            forward runs under.
 
     Raises:
         ValueError: The parallelism config's sizes do not multiply to the world size.
     """
     if parallelism_config is not None:
         parallelism_config = parallelism_config.resolve(env.world_size)
+        if parallelism_config.pp_enabled:
+            from runner.engine.parallel.pipelined import PipelineStrategy
+
+            plugin = fsdp_plugin or FullyShardedDataParallelPlugin()
+            return PipelineStrategy(env, plugin, param_dtype, parallelism_config, precision)
         if fsdp_plugin is None and (parallelism_config.tp_enabled or parallelism_config.dp_shard_enabled):
             fsdp_plugin = FullyShardedDataParallelPlugin()
         if fsdp_plugin is not None:

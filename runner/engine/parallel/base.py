@@ -10,12 +10,13 @@ is the same under every strategy and stays with :mod:`runner.engine.checkpoint.c
 The replicated format (``"safetensors"``): ``model.safetensors``, ``model_1.safetensors``, ... and
 ``optimizer.bin``, ``optimizer_1.bin``, ... written by rank 0. Replicated strategies write and
 read it with the functions below; FSDP writes it too under ``FULL_STATE_DICT``, after gathering.
+Every strategy reads the sharded format (``"dcp"``, FSDP's and pipeline stages') by parameter name.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,7 +25,7 @@ from torch import nn
 
 from runner.engine.checkpoint.errors import CheckpointError
 from runner.engine.checkpoint.torch_files import copied_out
-from runner.engine.constants import MODEL_NAME, OPTIMIZER_NAME, indexed_name
+from runner.engine.constants import DCP_METADATA_NAME, MODEL_NAME, OPTIMIZER_NAME, indexed_name
 
 
 class CheckpointWriter(Protocol):
@@ -86,6 +87,9 @@ class ParallelStrategy(Protocol):
     def total_norm(self, norm):
         """The gradients' total norm as clip_grad_norm_ returned it, as a plain tensor."""
 
+    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip ``parameters``' gradients by the total norm of the model's gradients; return that norm."""
+
     def checkpoint_weights(self, models: Sequence[nn.Module]) -> list[dict[str, torch.Tensor]] | None:
         """What save_state's pre-hooks may edit of each (unwrapped) model before the save writes it (removing an
         entry leaves that model out), or None where the weights are shards the save gathers or writes itself
@@ -134,6 +138,9 @@ class ReplicatedModelStrategy:
     def total_norm(norm):
         return norm
 
+    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        return self.total_norm(torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type))
+
     def preparing_models(
         self, models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer]
     ) -> contextlib.AbstractContextManager:
@@ -160,19 +167,54 @@ class ReplicatedModelStrategy:
         save_whole_state(folder, weights, [optimizer.state_dict() for optimizer in optimizers])
 
     def check_load(self, checkpoint: CheckpointReader) -> None:
-        if checkpoint.state_format == "dcp":
-            raise CheckpointError(
-                f"{checkpoint.path} holds FSDP's sharded model and optimizer state, but the prepared models are not "
-                "sharded; prepare them with an FSDP plugin (on any number of processes) to load it."
-            )
+        pass  # whole states load as they are; sharded ones (FSDP's, pipeline stages') are read whole, by name
 
     def load_model_state(
         self, checkpoint: CheckpointReader, models: Sequence[nn.Module], optimizers: Sequence[Any]
     ) -> None:
+        if checkpoint.state_format == "dcp":
+            load_sharded_state(checkpoint, [unwrap_module(model) for model in models], optimizers)
+            return
         for i, model in enumerate(models):
             _load_whole_model(checkpoint, indexed_name(MODEL_NAME, i, ".safetensors"), model)
         for i, optimizer in enumerate(optimizers):
             load_whole_optimizer(checkpoint, i, optimizer)
+
+
+def load_sharded_state(
+    checkpoint: CheckpointReader, models: Sequence[nn.Module], optimizers: Sequence[Any], **optimizer_options: Any
+) -> None:
+    """Load a DCP checkpoint's model and optimizer state into ``models`` and ``optimizers`` by parameter name,
+    resharded onto however they are held (whole, sharded, cut into stages); ``optimizer_options`` go to
+    :func:`runner.engine.checkpoint.sharded_state.load_optimizer`.
+
+    Raises:
+        CheckpointError: A file is not listed, or the state does not fit the prepared models.
+    """
+    from runner.engine.checkpoint import sharded_state
+
+    for i, model in enumerate(models):
+        folder = indexed_name(MODEL_NAME, i, "")
+        with refused_unless_it_fits(checkpoint.path / folder):
+            sharded_state.load_model(checkpoint.path / folder, model, listed=checkpoint.listed_in(folder))
+    for i, optimizer in enumerate(optimizers):
+        folder = indexed_name(OPTIMIZER_NAME, i, "")
+        checkpoint.require(f"{folder}/{DCP_METADATA_NAME}")
+        with refused_unless_it_fits(checkpoint.path / folder):
+            sharded_state.load_optimizer(
+                checkpoint.path / folder, optimizer, models, listed=checkpoint.listed_in(folder), **optimizer_options
+            )
+
+
+@contextlib.contextmanager
+def refused_unless_it_fits(folder: Path) -> Iterator[None]:
+    """Turn torch's errors for a state that does not fit the prepared model into one sentence naming ``folder``."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (RuntimeError, KeyError, ValueError) as error:
+        raise does_not_fit(folder, error) from None
 
 
 def save_whole_state(
@@ -230,11 +272,14 @@ def does_not_fit(path: Path, error: BaseException | str) -> CheckpointError:
 
 
 def unwrap_module(model: nn.Module) -> nn.Module:
-    """Peel parallel wrappers (``.module``) and torch.compile (``._orig_mod``) off ``model``."""
+    """Peel parallel wrappers (``.module``: DDP's, a pipelined model's) and torch.compile (``._orig_mod``) off
+    ``model``."""
     while True:
         if hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
             model = model._orig_mod
-        elif isinstance(model, nn.parallel.DistributedDataParallel | nn.DataParallel):
-            model = model.module
+        elif isinstance(model, nn.parallel.DistributedDataParallel | nn.DataParallel) or getattr(
+            type(model), "holds_stages", False
+        ):
+            model = model.module  # a pipelined model's: its stages' rank module, under the model's names
         else:
             return model

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,13 +34,14 @@ from torch import nn
 
 from runner.engine.checkpoint import sharded_state
 from runner.engine.checkpoint.errors import CheckpointError
-from runner.engine.constants import DCP_METADATA_NAME, MODEL_NAME, OPTIMIZER_NAME, indexed_name
+from runner.engine.constants import MODEL_NAME, indexed_name
 from runner.engine.distributed import DistributedEnvironment
 from runner.engine.parallel.base import (
     CheckpointReader,
     CheckpointWriter,
-    does_not_fit,
     load_optimizer_file,
+    load_sharded_state,
+    refused_unless_it_fits,
     save_whole_state,
     unwrap_module,
 )
@@ -139,8 +139,12 @@ class FSDPStrategy:
         apply_tensor_parallel(model, self.device_mesh["tp"], plan)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+        self._check_shard_units(model)
+        if not self.env.is_distributed:
+            return model  # one process: nothing to shard; checkpoints still use the sharded format
+        return self._parallelize(model)
 
+    def _check_shard_units(self, model: nn.Module) -> None:
         names = set(self.plugin.transformer_cls_names_to_wrap)
         found = {type(module).__name__ for module in model.modules()}
         missing = sorted(names - found)
@@ -149,12 +153,17 @@ class FSDPStrategy:
                 f"No module of class {missing[0]} in the model to shard (its classes: "
                 f"{', '.join(sorted(found)[:8])}); fix transformer_cls_names_to_wrap (parallel.shard_modules)."
             )
-        if not self.env.is_distributed:
-            return model  # one process: nothing to shard; checkpoints still use the sharded format
+
+    def _parallelize(self, model: nn.Module) -> nn.Module:
+        """Tensor parallelism over ``tp``, then FSDP2 over the data-parallel dimensions (each shard unit, then
+        ``model`` as the root)."""
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        names = set(self.plugin.transformer_cls_names_to_wrap)
         if self.parallelism is not None and self.parallelism.tp_enabled:
             self._tensor_parallel(model)
-            if self.parallelism.data_parallel_size == 1:
-                return model  # tensor parallelism alone: no data-parallel rank to shard across
+        if self.parallelism is not None and self.parallelism.data_parallel_size == 1:
+            return model  # tensor parallelism or pipeline stages alone: no data-parallel rank to shard across
         units = [m for m in model.modules() if type(m).__name__ in names and m is not model]
         if self.plugin.activation_checkpointing:
             units = [_checkpoint_unit(model, unit) for unit in units]
@@ -209,6 +218,9 @@ class FSDPStrategy:
         """clip_grad_norm_ over sharded gradients returns a DTensor: the norm across all shards."""
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
+    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        return self.total_norm(torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type))
+
     def checkpoint_weights(self, models: Sequence[nn.Module]) -> None:
         return None  # the weights are shards: written through DCP, or gathered during the save
 
@@ -242,36 +254,14 @@ class FSDPStrategy:
     def load_model_state(
         self, checkpoint: CheckpointReader, models: Sequence[nn.Module], optimizers: Sequence[Any]
     ) -> None:
-        dcp = checkpoint.state_format == "dcp"
+        if checkpoint.state_format == "dcp":
+            load_sharded_state(checkpoint, models, optimizers)
+            return
         for i, model in enumerate(models):
-            folder = indexed_name(MODEL_NAME, i, "")
-            with _refused_unless_it_fits(checkpoint.path / folder):
-                if dcp:
-                    sharded_state.load_model(checkpoint.path / folder, model, listed=checkpoint.listed_in(folder))
-                else:
-                    sharded_state.load_model(
-                        checkpoint.load_tensors(indexed_name(MODEL_NAME, i, ".safetensors")), model
-                    )
-        for i, optimizer in enumerate(optimizers):
-            if not dcp:  # a whole optimizer state, keyed by parameter name
-                sharded_state.load_optimizer(load_optimizer_file(checkpoint, i), optimizer, models)
-                continue
-            folder = indexed_name(OPTIMIZER_NAME, i, "")
-            checkpoint.require(f"{folder}/{DCP_METADATA_NAME}")
-            sharded_state.load_optimizer(
-                checkpoint.path / folder, optimizer, models, listed=checkpoint.listed_in(folder)
-            )
-
-
-@contextlib.contextmanager
-def _refused_unless_it_fits(folder: Path) -> Iterator[None]:
-    """Turn torch's errors for a state that does not fit the sharded model into one sentence naming ``folder``."""
-    try:
-        yield
-    except CheckpointError:
-        raise
-    except (RuntimeError, KeyError, ValueError) as error:
-        raise does_not_fit(folder, error) from None
+            with refused_unless_it_fits(checkpoint.path / indexed_name(MODEL_NAME, i, "")):
+                sharded_state.load_model(checkpoint.load_tensors(indexed_name(MODEL_NAME, i, ".safetensors")), model)
+        for i, optimizer in enumerate(optimizers):  # a whole optimizer state, keyed by parameter name
+            sharded_state.load_optimizer(load_optimizer_file(checkpoint, i), optimizer, models)
 
 
 def _tied_names(model: nn.Module) -> list[list[str]]:

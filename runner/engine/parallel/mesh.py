@@ -1,11 +1,16 @@
-"""The device mesh of an N-D parallel run: data-parallel replication x data-parallel sharding x tensor parallelism.
+"""The device mesh of an N-D parallel run: pipeline stages x data-parallel replication x data-parallel sharding x
+tensor parallelism.
 
 :class:`ParallelismConfig` keeps Hugging Face Accelerate's field names and meaning (``dp_replicate_size``,
-``dp_shard_size``, ``tp_size``, ``cp_size``; torchtitan's ``ParallelDims`` is the same idea). Ranks are
-laid out row-major over ``(dp_replicate, dp_shard, tp)``, so the processes of one tensor-parallel group
-are neighbours (on one host, where their frequent collectives are cheapest) and see the same batch.
+``dp_shard_size``, ``tp_size``, ``cp_size``; torchtitan's ``ParallelDims`` is the same idea), with pipeline
+parallelism added as torchtitan has it (``pp_size``, outermost). Ranks are laid out row-major over
+``(pp, dp_replicate, dp_shard, tp)``, so the processes of one tensor-parallel group are neighbours (on one
+host, where their frequent collectives are cheapest) and see the same batch, and the stages of a pipeline
+are the farthest apart (they only pass activations to their neighbour). The processes of one pipeline
+(its stages) read the same batches too.
 
-The mesh always has all three dimensions, size-1 ones included, so every submesh can be asked for
+The mesh always has the three dimensions after ``pp`` (``pp`` itself when there are several stages), size-1
+ones included, so every submesh can be asked for
 whatever is switched on: ``mesh["tp"]`` for ``parallelize_module``, ``mesh[config.fsdp_dim_names]``
 for ``fully_shard`` (``("dp_shard",)``, or ``("dp_replicate", "dp_shard")`` for HSDP), and
 :func:`data_parallel_mesh`, the two data-parallel dimensions flattened into ``"dp"``, for loading data
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
+PIPELINE_DIM_NAME = "pp"  # the outermost dimension, when pp_size > 1
 DATA_PARALLEL_DIM_NAME = "dp"  # the flattened (dp_replicate, dp_shard) submesh
 SHARD_AND_TP_DIM_NAME = "dp_shard_tp"  # flattened so that reducing over both (a gradient norm) is one all-reduce
 REST_OF_THE_WORLD = "auto"  # dp_shard_size: the processes the other dimensions leave
@@ -29,6 +35,10 @@ _CONFIG_KEYS = {
     "dp_shard_size": "parallel.dp_shard",
     "tp_size": "parallel.tp",
     "cp_size": "parallel.cp",
+    "pp_size": "parallel.pp",
+    "pp_schedule": "parallel.pp_schedule",
+    "pp_microbatches": "parallel.pp_microbatches",
+    "pp_split_points": "parallel.pp_split_points",
 }
 
 
@@ -48,9 +58,19 @@ class ParallelismConfig:
             name segment) to ``"colwise"``, ``"rowwise"`` or ``"sequence"`` (or torch ``ParallelStyle``
             objects); None takes the model class's own ``tp_plan`` (see
             :mod:`runner.engine.parallel.tensor_parallel`).
+        pp_size: Pipeline stages: processes that each hold a run of the model's blocks, passing activations to the
+            next (see :mod:`runner.engine.parallel.pipeline`); they see the same batch.
+        pp_schedule: torch's schedule that orders the stages' forwards and backwards over the micro-batches
+            (``gpipe``, ``1f1b``, ``interleaved_1f1b``, ``looped_bfs``, ``interleaved_zero_bubble``,
+            ``zbv_zero_bubble``; the last four hold several stages per process).
+        pp_microbatches: Micro-batches each process's batch is split into for the pipeline; None: one per stage.
+        pp_split_points: The unit (module name) each stage after the first begins with; None cuts the model's
+            blocks evenly.
+        pp_stages_per_rank: Stages each process holds under a multi-stage schedule (2 for the V-shaped one).
 
     Raises:
-        ValueError: A size is not a whole number of at least 1, or ``cp_size > 1``.
+        ValueError: A size is not a whole number of at least 1, ``cp_size > 1``, an unknown schedule, or
+            micro-batches the schedule cannot run.
 
     Example:
         >>> config = ParallelismConfig(dp_shard_size="auto", tp_size=2).resolve(world_size=8)
@@ -65,10 +85,26 @@ class ParallelismConfig:
     tp_size: int = 1
     cp_size: int = 1
     tp_plan: Mapping[str, Any] | None = None
+    pp_size: int = 1
+    pp_schedule: str = "1f1b"
+    pp_microbatches: int | None = None
+    pp_split_points: tuple[str, ...] | None = None
+    pp_stages_per_rank: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("dp_replicate_size", "tp_size", "cp_size"):
+        for name in ("dp_replicate_size", "tp_size", "cp_size", "pp_size"):
             _check_size(name, getattr(self, name))
+        if self.pp_microbatches is not None:
+            _check_size("pp_microbatches", self.pp_microbatches)
+        if self.pp_split_points is not None:
+            object.__setattr__(self, "pp_split_points", tuple(self.pp_split_points))
+        if self.pp_enabled:
+            from runner.engine.parallel.pipeline import check_schedule
+
+            check_schedule(
+                self.pp_schedule, pp=self.pp_size, stages=self.pp_stages, microbatches=self.microbatches,
+                split_points=self.pp_split_points,
+            )  # fmt: skip
         if not _is_rest(self.dp_shard_size):
             _check_size("dp_shard_size", self.dp_shard_size)
         if self.cp_size > 1:
@@ -86,23 +122,26 @@ class ParallelismConfig:
         Raises:
             ValueError: The sizes' product is not ``world_size``.
         """
+        pp = " * pp_size" if self.pp_enabled else ""
         if _is_rest(self.dp_shard_size):
-            others = self.dp_replicate_size * self.tp_size * self.cp_size
+            others = self.dp_replicate_size * self.tp_size * self.cp_size * self.pp_size
             if world_size % others:
                 raise ValueError(
                     f"dp_shard_size={REST_OF_THE_WORLD!r} ({_CONFIG_KEYS['dp_shard_size']}) needs the {world_size} "
-                    f"processes to divide by dp_replicate_size * tp_size = {others}; choose "
-                    f"{_CONFIG_KEYS['dp_replicate_size']} and {_CONFIG_KEYS['tp_size']} whose product divides "
-                    "the number of processes."
+                    f"processes to divide by dp_replicate_size * tp_size{pp} = {others}; choose "
+                    f"{_CONFIG_KEYS['dp_replicate_size']}{',' if pp else ' and'} {_CONFIG_KEYS['tp_size']}"
+                    f"{' and ' + _CONFIG_KEYS['pp_size'] if pp else ''} whose product divides the number of processes."
                 )
             return dataclasses.replace(self, dp_shard_size=world_size // others)
         if self.total_size == 1 and world_size > 1:
             return dataclasses.replace(self, dp_replicate_size=world_size)
         if self.total_size != world_size:
+            names = ["dp_replicate_size", "dp_shard_size", "tp_size"] + (["pp_size"] if self.pp_enabled else [])
+            product = " * ".join(names)
+            values = " * ".join(str(getattr(self, name)) for name in names)
+            keys = " * ".join(_CONFIG_KEYS[name] for name in names)
             raise ValueError(
-                f"dp_replicate_size * dp_shard_size * tp_size = {self.dp_replicate_size} * {self.dp_shard_size} * "
-                f"{self.tp_size} = {self.total_size} does not match the {world_size} processes; make "
-                f"{_CONFIG_KEYS['dp_replicate_size']} * {_CONFIG_KEYS['dp_shard_size']} * {_CONFIG_KEYS['tp_size']} "
+                f"{product} = {values} = {self.total_size} does not match the {world_size} processes; make {keys} "
                 f"equal the number of processes, or set {_CONFIG_KEYS['dp_shard_size']}={REST_OF_THE_WORLD}."
             )
         return self
@@ -123,8 +162,28 @@ class ParallelismConfig:
 
     @property
     def non_data_parallel_size(self) -> int:
-        """Processes that read the same batch: one tensor-parallel group."""
-        return self.tp_size * self.cp_size
+        """Processes that read the same batch: one tensor-parallel group, times the stages of a pipeline."""
+        return self.tp_size * self.cp_size * self.pp_size
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp_size > 1
+
+    @property
+    def pp_stages(self) -> int:
+        """The pipeline's stages: one per process of it, or ``pp_stages_per_rank`` each under a multi-stage
+        schedule (2 under the V-shaped one unless given)."""
+        from runner.engine.parallel.pipeline import SCHEDULES
+
+        layout = SCHEDULES.get(self.pp_schedule, ("", "single"))[1]
+        if layout == "single":
+            return self.pp_size
+        return self.pp_size * (self.pp_stages_per_rank or 2)
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches of each pipeline step: ``pp_microbatches``, or one per stage."""
+        return self.pp_microbatches or self.pp_stages
 
     @property
     def dp_replicate_enabled(self) -> bool:
@@ -148,9 +207,18 @@ class ParallelismConfig:
         return self.cp_size > 1
 
     @property
-    def mesh_shape(self) -> tuple[int, int, int]:
-        """The mesh's sizes along :data:`MESH_DIM_NAMES`."""
-        return (self.dp_replicate_size, self._dp_shard_size, self.tp_size)
+    def mesh_dim_names(self) -> tuple[str, ...]:
+        """The mesh's dimensions: :data:`MESH_DIM_NAMES`, after ``"pp"`` when there are several stages."""
+        return ((PIPELINE_DIM_NAME,) if self.pp_enabled else ()) + MESH_DIM_NAMES
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """The mesh's sizes along :attr:`mesh_dim_names`."""
+        return ((self.pp_size,) if self.pp_enabled else ()) + (
+            self.dp_replicate_size,
+            self._dp_shard_size,
+            self.tp_size,
+        )
 
     @property
     def dp_dim_names(self) -> tuple[str, str]:
@@ -163,8 +231,13 @@ class ParallelismConfig:
         return MESH_DIM_NAMES[:2] if self.dp_replicate_enabled else MESH_DIM_NAMES[1:2]
 
     def data_parallel_rank(self, rank: int) -> int:
-        """Which data-parallel rank global ``rank`` is (the same for every process of one TP group)."""
-        return rank // self.non_data_parallel_size
+        """Which data-parallel rank global ``rank`` is (the same for every process of one TP group, and for every
+        stage of one pipeline)."""
+        return (rank // (self.tp_size * self.cp_size)) % self.data_parallel_size
+
+    def pp_rank(self, rank: int) -> int:
+        """Which stage of its pipeline global ``rank`` holds (the first of them, under a multi-stage schedule)."""
+        return rank // (self.data_parallel_size * self.tp_size * self.cp_size)
 
     def tp_rank(self, rank: int) -> int:
         """Global ``rank``'s place in its tensor-parallel group."""
@@ -173,7 +246,7 @@ class ParallelismConfig:
     def build_device_mesh(self, device_type: str):
         """The ``DeviceMesh`` of this (resolved) config over the default process group.
 
-        Dimensions are named :data:`MESH_DIM_NAMES`, with two flattened submeshes: ``"dp"`` (see
+        Dimensions are named :attr:`mesh_dim_names`, with two flattened submeshes: ``"dp"`` (see
         :func:`data_parallel_mesh`) and ``"dp_shard_tp"``, which DTensor finds by itself to reduce a
         2-D sharded gradient's norm in one all-reduce rather than two. A collective: every process
         must call it, in the same order relative to other collectives.
@@ -182,7 +255,7 @@ class ParallelismConfig:
             device_type: ``"cpu"`` or ``"cuda"`` (no index), as ``init_device_mesh`` takes it.
 
         Returns:
-            A 3-D ``torch.distributed.device_mesh.DeviceMesh``.
+            A 3-D ``torch.distributed.device_mesh.DeviceMesh`` (4-D with pipeline stages).
 
         Raises:
             RuntimeError: There is no default process group, or it is not ``total_size`` processes.
@@ -202,7 +275,7 @@ class ParallelismConfig:
                 f"The mesh spans {self.total_size} processes but the process group has {dist.get_world_size()}; "
                 "resolve the ParallelismConfig against the group's world size."
             )
-        mesh = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=MESH_DIM_NAMES)
+        mesh = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=self.mesh_dim_names)
         # The flattened groups are created now, on every rank: creating one later on some ranks only would hang.
         mesh[self.dp_dim_names]._flatten(DATA_PARALLEL_DIM_NAME)
         mesh[MESH_DIM_NAMES[1:]]._flatten(SHARD_AND_TP_DIM_NAME)

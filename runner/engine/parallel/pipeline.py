@@ -188,6 +188,58 @@ def schedule_class(name: str) -> tuple[type, str]:
     return getattr(schedules, class_name), layout
 
 
+def check_schedule(
+    name: str, *, pp: int, stages: int, microbatches: int, split_points: Sequence[str] | None = None
+) -> None:
+    """Raise one sentence, naming the config key, where torch's schedule ``name`` cannot run ``stages`` stages on
+    ``pp`` processes over ``microbatches`` micro-batches (the rules its constructors enforce, checked before any
+    process starts), or ``split_points`` do not begin each stage after the first.
+
+    Raises:
+        ValueError: An unknown schedule, a stage count the layout does not take, too few micro-batches, or
+            micro-batches the schedule's rounds do not divide.
+    """
+    if name not in SCHEDULES:
+        raise ValueError(
+            f"parallel.pp_schedule={name!r} is not a pipeline schedule; choose one of {', '.join(SCHEDULES)}."
+        )
+    layout = SCHEDULES[name][1]
+    try:
+        stage_indices(0, pp, stages, layout=layout)
+    except ValueError as error:
+        raise ValueError(f"parallel.pp_schedule={name}: {error}") from None
+    if split_points is not None and len(split_points) != stages - 1:
+        raise ValueError(
+            f"parallel.pp_split_points names {len(split_points)} units, and the {stages} stages of "
+            f"parallel.pp={pp} under {name} begin at {stages - 1} (every stage after the first); give {stages - 1}."
+        )
+    if name in ("1f1b", "zbv_zero_bubble") and microbatches < stages:
+        raise ValueError(
+            f"parallel.pp_microbatches={microbatches} is too few for {name} on {stages} stages, which needs at least "
+            f"one micro-batch per stage; set parallel.pp_microbatches to {stages} or more."
+        )
+    if layout == "looped":
+        rounds = max(1, microbatches // pp)
+        if microbatches % rounds:
+            raise ValueError(
+                f"parallel.pp_microbatches={microbatches} does not suit {name} on parallel.pp={pp}: the micro-batches "
+                f"run in rounds of {pp}, so use a number below {pp} or a multiple of {pp}."
+            )
+
+
+def bubble_fraction(name: str, *, pp: int, microbatches: int, stages_per_rank: int = 2) -> float | None:
+    """The share of a training step each process idles under schedule ``name``, in theory (equal stages, free
+    communication): ``(pp - 1) / (microbatches + pp - 1)`` for GPipe and 1F1B, the fill and drain divided by the
+    stages each process holds for interleaved 1F1B (Megatron-LM's result); None for the others, whose idle time
+    depends on how torch orders their split backward."""
+    if SCHEDULES[name][1] == "single":
+        return (pp - 1) / (microbatches + pp - 1)
+    if name == "interleaved_1f1b":
+        fill = (pp - 1) / stages_per_rank
+        return fill / (microbatches + fill)
+    return None
+
+
 def sum_tied_gradients(stages: Sequence[nn.Module], plan: PipelinePlan, *, group: Any = None) -> None:
     """Give both ends of each tied weight the sum of their gradients, as the one weight of the whole model has
     (Megatron's embedding all-reduce), once the stages' backward is done: added here where this rank's stages hold
@@ -214,7 +266,8 @@ def sum_tied_gradients(stages: Sequence[nn.Module], plan: PipelinePlan, *, group
         elif len(ends) == 1 and group is not None:
             (end,) = ends.values()
             end.grad = grads[0]
-            dist.all_reduce(end.grad, op=dist.ReduceOp.SUM, group=group)
+            local = end.grad.to_local() if hasattr(end.grad, "to_local") else end.grad  # a shard: the same on both
+            dist.all_reduce(local, op=dist.ReduceOp.SUM, group=group)
 
 
 def _parent_of(model: nn.Module, unit: str) -> tuple[nn.Module, str]:

@@ -81,17 +81,10 @@ def test_only_fsdp_refuses_a_save_in_the_middle_of_an_accumulation_cycle():
         _fsdp().check_save(mid_cycle=True)
 
 
-def test_replicated_strategies_refuse_sharded_state_and_fsdp_loads_both_formats(tmp_path):
-    dcp = Folder(tmp_path, state_format="dcp")
-    with pytest.raises(CheckpointError) as error:
-        SingleProcessStrategy().check_load(dcp)
-    assert str(error.value) == (
-        f"{tmp_path} holds FSDP's sharded model and optimizer state, but the prepared models are not sharded; prepare "
-        "them with an FSDP plugin (on any number of processes) to load it."
-    )
-    SingleProcessStrategy().check_load(Folder(tmp_path))
-    _fsdp().check_load(dcp)
-    _fsdp().check_load(Folder(tmp_path))
+def test_every_strategy_loads_both_formats(tmp_path):
+    for strategy in (SingleProcessStrategy(), DDPStrategy(TWO, DistributedDataParallelKwargs()), _fsdp()):
+        strategy.check_load(Folder(tmp_path, state_format="dcp"))  # sharded state is read by parameter name
+        strategy.check_load(Folder(tmp_path))
 
 
 def test_replicated_state_is_written_by_rank_0_only_and_loads_back_exactly(tmp_path):

@@ -147,6 +147,7 @@ ACCELERATOR = [
     "device",
     "distributed_type",
     "end_training",
+    "forward_backward",
     "free_memory",
     "gather",
     "gather_for_metrics",

@@ -64,22 +64,17 @@ def test_a_plain_checkpoint_relisted_as_dcp_never_unpickles_its_metadata(tmp_pat
         folder, "files does not list model.safetensors, which its contents and state_format call for"
     )
 
-    # The format changed too: a plain strategy loads no DCP state, and FSDP's reader refuses the pickle.
+    # The format changed too: every strategy reads DCP state (by name) through the reader that refuses the pickle.
     rewrite_manifest(
         folder, lambda m: m.update(state_format="dcp"), drop=["optimizer.bin"], relist=["optimizer/.metadata"]
     )
-    with pytest.raises(CheckpointError) as error:
-        prepared().load_state(folder)
-    assert str(error.value) == (
-        f"{folder} holds FSDP's sharded model and optimizer state, but the prepared models are not sharded; prepare "
-        "them with an FSDP plugin (on any number of processes) to load it."
-    )
-    with pytest.raises(CheckpointError) as error:
-        prepared(fsdp=True).load_state(folder)
-    assert str(error.value) == (
-        f"{folder / 'model' / '.metadata'} is not DCP metadata: its pickle names io.open, which DCP metadata never "
-        "holds; the file was altered, so load a different checkpoint."
-    )
+    for fsdp in (False, True):
+        with pytest.raises(CheckpointError) as error:
+            prepared(fsdp=fsdp).load_state(folder)
+        assert str(error.value) == (
+            f"{folder / 'model' / '.metadata'} is not DCP metadata: its pickle names io.open, which DCP metadata "
+            "never holds; the file was altered, so load a different checkpoint."
+        )
     assert not marker.exists()
 
 
