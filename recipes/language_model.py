@@ -23,6 +23,7 @@ from runner.data.text import VOCAB_FILE, CharVocab
 from runner.engine import Accelerator, CheckpointError, set_seed
 from runner.files import write_text_atomically
 from runner.folders.layout import METRICS_FILE, MODEL_DIR, SAMPLES_FILE
+from runner.models.gpt import next_token_loss
 from runner.models.run_weights import reading
 from runner.training import preemption, startup, tracker_setup
 from runner.training.components import build, build_datasets
@@ -168,8 +169,8 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     while loop.step < total_steps:  # epoch after epoch, until the step budget is spent
         for inputs, targets in train_loader:
             with accelerator.accumulate(model):
-                _, loss = model(inputs, targets)
-                accelerator.backward(loss)
+                # Forward and backward (under pipeline parallelism, one step of the pipeline's schedule).
+                loss = accelerator.forward_backward(model, inputs, target=targets, loss_fn=next_token_loss)
                 if accelerator.sync_gradients and max_grad_norm:
                     accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
                 optimizer.step()

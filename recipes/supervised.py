@@ -10,6 +10,7 @@ runner --config-dir ./conf experiment=mine          # your own model, datasets, 
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from runner.training.components import (
     build_datasets,
     build_loaders,
     build_loss,
+    call_arguments,
     compute_loss,
     forward,
     labels,
@@ -112,6 +114,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     if isinstance(loss_fn, torch.nn.Module):
         loss_fn.to(accelerator.device)
     model_loss = loss_fn is None
+    model_loss_fn = functools.partial(compute_loss, loss_fn)  # (outputs, targets) -> the loss
 
     total_steps = total_optimizer_steps(cfg.trainer, train_loader)
     scheduler = build_scheduler(cfg.scheduler, optimizer.optimizer, total_steps)
@@ -141,9 +144,10 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
     while loop.step < total_steps:  # epoch after epoch, until the step budget is spent
         for batch in train_loader:
             inputs, targets = split_batch(batch, model_loss=model_loss)
+            args, kwargs = call_arguments(inputs, targets, model_loss=model_loss)
             with accelerator.accumulate(model):
-                loss = compute_loss(loss_fn, forward(model, inputs, targets, model_loss=model_loss), targets)
-                accelerator.backward(loss)
+                # Forward and backward (under pipeline parallelism, one step of the pipeline's schedule).
+                loss = accelerator.forward_backward(model, *args, target=targets, loss_fn=model_loss_fn, **kwargs)
                 if accelerator.sync_gradients and max_grad_norm:
                     accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
                 optimizer.step()

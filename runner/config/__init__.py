@@ -56,6 +56,15 @@ STRATEGIES = ("none", "ddp", "fsdp")
 # The mesh of parallel=fsdp, as runner.engine.ParallelismConfig takes it, without importing the engine:
 DP_SHARD_AUTO = "auto"  # parallel.dp_shard: the processes the other sizes leave (mesh.REST_OF_THE_WORLD)
 TP_STYLES = ("colwise", "rowwise", "sequence")  # parallel.tp_plan's values (tensor_parallel.STYLE_NAMES)
+# parallel.pp_schedule's values (runner.engine.parallel.pipeline.SCHEDULES): one stage per process, or several.
+PP_SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b")
+PP_SCHEDULES = (
+    *PP_SINGLE_STAGE_SCHEDULES,
+    "interleaved_1f1b",
+    "looped_bfs",
+    "interleaved_zero_bubble",
+    "zbv_zero_bubble",
+)
 TRACKERS = ("tensorboard", "csv", "mlflow", "wandb")  # built-in trackers: tracker.<name> keys
 WANDB_MODES = ("online", "offline", "disabled")
 # Built-in recipes by name; ``classification`` is the supervised loop under its earlier name.
@@ -274,7 +283,7 @@ class FSDPConfig:
     cpu_offload: bool = False
     activation_checkpointing: bool = False
     state_dict: str = "sharded"  # sharded (every rank writes its shards) or full (gathered to rank 0)
-    # The device mesh, dp_replicate x dp_shard x tp processes (runner.engine.ParallelismConfig).
+    # The device mesh, pp x dp_replicate x dp_shard x tp processes (runner.engine.ParallelismConfig).
     dp_replicate: int = 1  # HSDP: groups that each hold a whole sharded copy of the model
     dp_shard: Any = DP_SHARD_AUTO  # an int, or "auto": the world size over dp_replicate * tp
     tp: int = 1  # tensor parallelism: processes that split each layer (and see the same batches)
@@ -282,6 +291,12 @@ class FSDPConfig:
     # Module-name pattern -> colwise/rowwise/sequence; null: the model's own. Any, not dict[str, str] | None:
     # OmegaConf cannot set a mapping on the command line into a typed dict that is null.
     tp_plan: Any = None
+    # Pipeline stages (the mesh's outermost dimension): processes that each hold a run of the model's blocks.
+    pp: int = 1
+    pp_schedule: str = "1f1b"  # torch.distributed.pipelining's schedule (runner.engine.parallel.pipeline.SCHEDULES)
+    pp_microbatches: Any = None  # an int; null: one per stage
+    pp_split_points: Any = None  # the module each stage after the first begins with; null: the blocks evenly
+    pp_stages_per_rank: Any = None  # stages each process holds under a looped or V-shaped schedule; null: 2
 
 
 # -------------------------------------------------------------------------------------------- the root

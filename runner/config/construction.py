@@ -45,10 +45,13 @@ def check_construction(cfg) -> None:
             if RECIPES.get(cfg.recipe) == RECIPES["supervised"] and not _reads_weights(cfg.model):
                 model = build(model_node, key="model")
                 _check_tp_plan(cfg, model)
+                _check_pipeline_cut(cfg, model)
                 parameters = list(model.parameters()) or parameters
             elif RECIPES.get(cfg.recipe) == RECIPES["language_model"] and not _reads_weights(cfg.model):
                 # Its vocabulary comes from the data; the plan's layers do not depend on its size.
-                _check_tp_plan(cfg, build(model_node, key="model", vocab_size=_STAND_IN_VOCABULARY))
+                model = build(model_node, key="model", vocab_size=_STAND_IN_VOCABULARY)
+                _check_tp_plan(cfg, model)
+                _check_pipeline_cut(cfg, model)
             optimizer = build_optimizer(cfg.optimizer, parameters)
             build_scheduler(cfg.scheduler, optimizer, cfg.trainer.max_steps or 1)
             build_loss(cfg.loss)
@@ -81,6 +84,27 @@ def _check_tp_plan(cfg, model) -> None:
         )
     try:
         check_tp_plan(model, plan, tp)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def _check_pipeline_cut(cfg, model) -> None:
+    """Under pipeline parallelism, the schedule runs the stages and micro-batches asked for, and the model has a
+    plan that cuts it into them (at ``parallel.pp_split_points``, or evenly by its blocks)."""
+    pp = OmegaConf.select(cfg, "parallel.pp", default=1)
+    if OmegaConf.select(cfg, "parallel.strategy") != "fsdp" or pp == 1:
+        return
+    from runner.engine.parallel.mesh import ParallelismConfig
+    from runner.engine.parallel.pipeline import pipeline_plan, stage_units
+
+    points = OmegaConf.select(cfg, "parallel.pp_split_points")
+    try:
+        config = ParallelismConfig(
+            pp_size=pp, pp_schedule=cfg.parallel.pp_schedule, pp_microbatches=cfg.parallel.pp_microbatches,
+            pp_split_points=None if points is None else list(points),
+            pp_stages_per_rank=cfg.parallel.pp_stages_per_rank,
+        )  # fmt: skip
+        stage_units(model, pipeline_plan(model), config.pp_stages, config.pp_split_points)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 

@@ -23,8 +23,11 @@ from runner.config import (
     CHECKSUM_CHOICES,
     DP_SHARD_AUTO,
     MIXED_PRECISION_CHOICES,
+    MODEL_COMPUTES_LOSS,
     OPEN_GROUPS,
     OPTION_SCHEMAS,
+    PP_SCHEDULES,
+    PP_SINGLE_STAGE_SCHEDULES,
     RECIPES,
     STRATEGIES,
     TP_STYLES,
@@ -342,18 +345,20 @@ def _check_mesh(cfg: DictConfig) -> None:
     """parallel=fsdp's device mesh, by the rules of ``runner.engine.ParallelismConfig`` (which would import
     torch): whole sizes whose product is the number of processes, no context parallelism, known tensor-parallel
     styles, and whole attention heads on each process of a tensor-parallel group."""
-    sizes = {key: _mesh_value(cfg, key) for key in ("dp_replicate", "dp_shard", "tp", "cp")}
+    sizes = {key: _mesh_value(cfg, key) for key in ("dp_replicate", "dp_shard", "tp", "cp", "pp")}
     for key, value in sizes.items():
         if key == "dp_shard" and value == DP_SHARD_AUTO:
             continue
         if type(value) is not int or value < 1:  # type(): true is an int, but not a number of processes
-            auto = f", or {DP_SHARD_AUTO} (the processes parallel.dp_replicate and parallel.tp leave)"
+            auto = f", or {DP_SHARD_AUTO} (the processes parallel.dp_replicate, parallel.tp and parallel.pp leave)"
             raise ConfigError(
                 f"parallel.{key}={value!r} must be a whole number of at least 1{auto if key == 'dp_shard' else ''}."
             )
     if sizes["cp"] > 1:
         raise ConfigError(f"parallel.cp={sizes['cp']}: context parallelism is not supported yet; set parallel.cp=1.")
     _check_world_size(cfg, sizes)
+    if sizes["pp"] > 1:
+        _check_pipeline(cfg, sizes["pp"])
     plan = _mesh_value(cfg, "tp_plan")
     if plan is not None and not isinstance(plan, DictConfig):
         raise ConfigError(
@@ -375,18 +380,54 @@ def _check_world_size(cfg: DictConfig, sizes: dict[str, Any]) -> None:
     world = processes * nodes
     plural = "es" if world > 1 else ""
     launched = f"the {world} process{plural} (trainer.num_processes={processes} x trainer.num_nodes={nodes})"
-    replicate, shard, tp = sizes["dp_replicate"], sizes["dp_shard"], sizes["tp"]
-    if shard == DP_SHARD_AUTO and world % (replicate * tp):
+    shard, pp = sizes["dp_shard"], sizes["pp"]
+    others = ["dp_replicate", "tp"] + (["pp"] if pp > 1 else [])
+    keys = " * ".join(f"parallel.{key}" for key in others)
+    product = math.prod(sizes[key] for key in others)
+    if shard == DP_SHARD_AUTO and world % product:
+        values = " * ".join(str(sizes[key]) for key in others)
+        choose = ", ".join(f"parallel.{key}" for key in others[:-1]) + f" and parallel.{others[-1]}"
         raise ConfigError(
-            f"parallel.dp_shard={DP_SHARD_AUTO} needs parallel.dp_replicate * parallel.tp = {replicate} * {tp} = "
-            f"{replicate * tp} to divide {launched}; choose parallel.dp_replicate and parallel.tp whose product "
-            f"divides {world}, or change trainer.num_processes."
+            f"parallel.dp_shard={DP_SHARD_AUTO} needs {keys} = {values} = {product} to divide {launched}; choose "
+            f"{choose} whose product divides {world}, or change trainer.num_processes."
         )
-    if shard != DP_SHARD_AUTO and replicate * shard * tp != world:
+    if shard != DP_SHARD_AUTO and product * shard != world:
+        names = ["dp_replicate", "dp_shard", "tp"] + (["pp"] if pp > 1 else [])
+        values = " * ".join(str(sizes[key]) for key in names)
         raise ConfigError(
-            f"parallel.dp_replicate * parallel.dp_shard * parallel.tp = {replicate} * {shard} * {tp} = "
-            f"{replicate * shard * tp} does not match {launched}; set parallel.dp_shard={DP_SHARD_AUTO}, or sizes "
-            f"whose product is {world}."
+            f"{' * '.join(f'parallel.{key}' for key in names)} = {values} = {product * shard} does not match "
+            f"{launched}; set parallel.dp_shard={DP_SHARD_AUTO}, or sizes whose product is {world}."
+        )
+
+
+def _check_pipeline(cfg: DictConfig, pp: int) -> None:
+    """Pipeline stages: a known schedule, whole numbers, split points as a list of module names, a batch the
+    micro-batches divide, and a loss the last stage computes (what the schedule can run is checked with the model,
+    in :func:`runner.config.construction.check_construction`)."""
+    schedule = _mesh_value(cfg, "pp_schedule")
+    one_of("parallel.pp_schedule", schedule, PP_SCHEDULES)
+    microbatches, per_rank = _mesh_value(cfg, "pp_microbatches"), _mesh_value(cfg, "pp_stages_per_rank")
+    for key, value in (("pp_microbatches", microbatches), ("pp_stages_per_rank", per_rank)):
+        if value is not None and (type(value) is not int or value < 1):
+            raise ConfigError(f"parallel.{key}={value!r} must be a whole number of at least 1, or null.")
+    points = _mesh_value(cfg, "pp_split_points")
+    if points is not None and (not OmegaConf.is_list(points) or not all(isinstance(p, str) for p in points)):
+        raise ConfigError(
+            f"parallel.pp_split_points={points!r} must be a list of module names, each the first of a stage after the "
+            "first, e.g. 'parallel.pp_split_points=[blocks.2]', or null to cut the blocks evenly."
+        )
+    stages = pp if schedule in PP_SINGLE_STAGE_SCHEDULES else pp * (per_rank or 2)
+    microbatches = microbatches or stages
+    batch = OmegaConf.select(cfg, "data.batch_size")
+    if type(batch) is int and batch % microbatches:
+        raise ConfigError(
+            f"data.batch_size={batch} does not split into the {microbatches} micro-batches of each pipeline step "
+            f"(parallel.pp_microbatches); make data.batch_size a multiple of {microbatches}."
+        )
+    if OmegaConf.select(cfg, "loss") == MODEL_COMPUTES_LOSS:
+        raise ConfigError(
+            f"loss=model cannot run under parallel.pp={pp}: the last stage computes the loss from its outputs, and the "
+            "model's own loss needs the whole model; declare a loss node (a _target_ called as loss(outputs, targets))."
         )
 
 

@@ -74,6 +74,11 @@ def build_accelerator(cfg: DictConfig):
             tp_size=options["tp"],
             cp_size=options["cp"],
             tp_plan=dict(options["tp_plan"]) if options["tp_plan"] else None,
+            pp_size=options["pp"],
+            pp_schedule=options["pp_schedule"],
+            pp_microbatches=options["pp_microbatches"],
+            pp_split_points=options["pp_split_points"],
+            pp_stages_per_rank=options["pp_stages_per_rank"],
         )
         fsdp_plugin = FullyShardedDataParallelPlugin(
             transformer_cls_names_to_wrap=list(options["shard_modules"]),

@@ -165,8 +165,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
-        return logits, loss
+        return logits, next_token_loss(logits, targets)
 
     @torch.no_grad()
     def generate(
@@ -228,6 +227,12 @@ class GPT(nn.Module):
         length = self.block_size if sequence_length is None else sequence_length
         head_size = self.n_embd // self.n_head
         return 6 * self.num_parameters() + 12 * self.n_layer * self.n_head * head_size * length
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy of ``logits`` ``(batch, time, vocab)`` against the next tokens ``targets``
+    ``(batch, time)``, in fp32: :meth:`GPT.forward`'s loss, and the loss a pipeline's last stage computes."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
 def _stage_forward(self: GPT, x: torch.Tensor) -> torch.Tensor:

@@ -209,12 +209,18 @@ def labels(inputs: Any, targets: Any) -> Any:
 
 def forward(model, inputs: Any, targets: Any = None, *, model_loss: bool = False) -> Any:
     """``model(inputs)``, ``model(*inputs)`` or ``model(**inputs)``; with ``loss: model`` the targets go along."""
+    args, kwargs = call_arguments(inputs, targets, model_loss=model_loss)
+    return model(*args, **kwargs)
+
+
+def call_arguments(inputs: Any, targets: Any = None, *, model_loss: bool = False) -> tuple[tuple, dict]:
+    """The positional and keyword arguments :func:`forward` calls the model with."""
     if isinstance(inputs, Mapping):
-        return model(**inputs)
+        return (), dict(inputs)
     extra = (targets,) if model_loss and targets is not None else ()
     if isinstance(inputs, (tuple, list)):
-        return model(*inputs, *extra)
-    return model(inputs, *extra)
+        return (*inputs, *extra), {}
+    return (inputs, *extra), {}
 
 
 def compute_loss(loss_fn, outputs: Any, targets: Any):

@@ -75,3 +75,181 @@ def test_a_gpt_cut_into_two_stages_steps_as_the_whole_model_under_gpipe_and_1f1b
                 torch.testing.assert_close(grad, reference[name].grad, rtol=0, atol=1e-6, msg=f"{schedule}: {name}")
         # The tied ends: each its stage's share alone, summed to the whole model's gradient on both.
         assert torch.equal(first["grads"]["token_embedding.weight"], last["grads"]["lm_head.weight"]), schedule
+
+
+# ------------------------------------------------------------------------------------------- through the engine
+STEPS, ACCUMULATION, SAVED_AFTER, CLIP = 6, 2, 3, 0.5  # optimizer steps; micro-steps each; saved after; max norm
+
+
+def _batches(count: int, rows: int = BATCH) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(2)
+    return [tuple(torch.randint(VOCAB, (rows, TIME), generator=generator) for _ in range(2)) for _ in range(count)]
+
+
+def _prepared(accumulation: int = 1, **parallel):
+    """A GPT and AdamW prepared on a mesh with ``parallel`` (ParallelismConfig's sizes; none: DDP or one process)."""
+    from runner.engine import Accelerator, FullyShardedDataParallelPlugin, ParallelismConfig
+
+    options = {"pp_microbatches": MICROBATCHES, **parallel}
+    config = ParallelismConfig(**options) if parallel else None
+    plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Block"]) if parallel else None
+    accelerator = Accelerator(gradient_accumulation_steps=accumulation, parallelism_config=config, fsdp_plugin=plugin)
+    model = _gpt()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    return (accelerator, *accelerator.prepare(model, optimizer))
+
+
+def _train(accelerator, model, optimizer, batches) -> tuple[list[float], list[float]]:
+    """Micro-steps through the engine's one verb: the losses of each, the clipped norm of each optimizer step."""
+    from runner.models.gpt import next_token_loss
+
+    losses, norms = [], []
+    for idx, targets in batches:
+        with accelerator.accumulate(model):
+            loss = accelerator.forward_backward(model, idx, target=targets, loss_fn=next_token_loss)
+            norm = accelerator.clip_grad_norm_(model.parameters(), CLIP)
+            optimizer.step()
+            optimizer.zero_grad()
+        losses.append(loss.item())
+        if norm is not None:
+            norms.append(norm.item())
+    return losses, norms
+
+
+def _reference(batches, accumulation: int = 1) -> dict:
+    """The same micro-steps on one process, the whole model, no engine."""
+    model = _gpt()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    losses, norms, states = [], [], []
+    for step, (idx, targets) in enumerate(batches, start=1):
+        _, loss = model(idx, targets)
+        (loss / accumulation).backward()
+        losses.append(loss.item())
+        if step % accumulation == 0:
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP).item())
+            optimizer.step()
+            optimizer.zero_grad()
+            states.append({name: tensor.clone() for name, tensor in model.state_dict().items()})
+    with torch.no_grad():
+        logits = model(batches[0][0])
+    return {"losses": losses, "norms": norms, "states": states, "logits": logits}
+
+
+def _pipelines_of_two(directory: str) -> dict:
+    """On 2 processes: 1F1B with accumulation and clipping, saved midway and resumed; the other schedules; the
+    checkpoint loaded by DDP on the same processes and by FSDP2 (the 4-process run's)."""
+    from pathlib import Path
+
+    root, result = Path(directory), {}
+    batches = _batches(STEPS * ACCUMULATION)
+    accelerator, model, optimizer = _prepared(ACCUMULATION, pp_size=2, pp_schedule="1f1b")
+    head = SAVED_AFTER * ACCUMULATION
+    result["losses"], result["norms"] = _train(accelerator, model, optimizer, batches[:head])
+    accelerator.save_state(root / "pp2")
+    result["saved"] = accelerator.get_state_dict(model)  # the whole model, on rank 0
+    losses, norms = _train(accelerator, model, optimizer, batches[head:])
+    result["losses"] += losses
+    result["norms"] += norms
+    result["names"] = sorted(name for name, _ in model.module.named_parameters(remove_duplicate=False))
+    result["final"] = {name: tensor.clone() for name, tensor in model.module.state_dict().items()}
+    model.eval()
+    with torch.no_grad():
+        result["logits"] = model(batches[0][0])  # every stage gets the last stage's output
+    model.train()
+    result["whole"] = accelerator.unwrap_model(model).state_dict()
+
+    # Resumed on the same layout: the same steps, bit for bit.
+    accelerator, model, optimizer = _prepared(ACCUMULATION, pp_size=2, pp_schedule="1f1b")
+    accelerator.load_state(root / "pp2")
+    result["resumed"] = _train(accelerator, model, optimizer, batches[head:])[0]
+    result["resumed_final"] = {name: tensor.clone() for name, tensor in model.module.state_dict().items()}
+
+    # The other schedules, two steps each (the multi-stage ones: 4 stages of one block, 2 on each process).
+    for schedule in ("gpipe", "interleaved_1f1b", "zbv_zero_bubble"):
+        accelerator, model, optimizer = _prepared(pp_size=2, pp_schedule=schedule)
+        result[schedule] = _train(accelerator, model, optimizer, batches[:2])[0]
+
+    # Saved with pp=2, loaded by DDP: the whole model on each process, every weight the one saved.
+    accelerator, model, optimizer = _prepared(ACCUMULATION)
+    accelerator.load_state(root / "pp2")
+    result["ddp_loaded"] = {name: tensor.clone() for name, tensor in model.module.state_dict().items()}
+    result["ddp_losses"] = _train(accelerator, model, optimizer, batches[head:])[0]
+
+    # Saved with pp=2 x dp_shard=2 on 4 processes, loaded by FSDP2 over these 2.
+    accelerator, model, optimizer = _prepared(dp_shard_size=2)
+    accelerator.load_state(root / "pp2_dp2")
+    result["fsdp_loaded"] = accelerator.get_state_dict(model)
+    return result
+
+
+def _pipelines_of_four(directory: str) -> dict:
+    """On 4 processes: 2 stages x 2-way FSDP2 (each data-parallel rank half the batch), 2 stages x 2-way tensor
+    parallelism, and 4 stages."""
+    from pathlib import Path
+
+    result = {}
+    batches = _batches(SAVED_AFTER)
+    accelerator, model, optimizer = _prepared(pp_size=2, dp_shard_size=2, pp_microbatches=2)
+    rank, half = accelerator.parallelism_config.data_parallel_rank(accelerator.process_index), BATCH // 2
+    halves = [
+        (idx[rank * half : (rank + 1) * half], targets[rank * half : (rank + 1) * half]) for idx, targets in batches
+    ]
+    result["pp_dp"] = _train(accelerator, model, optimizer, halves)
+    result["dp_rank"] = rank
+    accelerator.save_state(Path(directory) / "pp2_dp2")
+    result["pp_dp_saved"] = accelerator.get_state_dict(model)
+    accelerator, model, optimizer = _prepared(pp_size=2, tp_size=2)
+    result["pp_tp"] = _train(accelerator, model, optimizer, batches)
+    result["pp_tp_placements"] = sorted({str(p.placements) for p in model.parameters()})
+    accelerator, model, optimizer = _prepared(pp_size=4)
+    result["pp4"] = _train(accelerator, model, optimizer, batches)
+    result["pp4_names"] = sorted(name for name, _ in model.module.named_parameters(remove_duplicate=False))
+    return result
+
+
+def test_pipelined_training_matches_one_process_and_its_checkpoints_load_on_any_layout(launch, tmp_path):
+    batches = _batches(STEPS * ACCUMULATION)
+    one = _reference(batches, ACCUMULATION)
+    four = launch(_pipelines_of_four, str(tmp_path), nproc=4)
+    two = launch(_pipelines_of_two, str(tmp_path))
+    # Float sums in another order (micro-batches, a gradient summed across stages): 1e-5 over 6 AdamW steps.
+    tolerance = {"rel": 0, "abs": 1e-5}
+    for rank in two:
+        assert rank["losses"] == pytest.approx(one["losses"], **tolerance)
+        assert rank["norms"] == pytest.approx(one["norms"], **tolerance)  # the whole model's norm, on every stage
+        torch.testing.assert_close(rank["logits"], one["logits"], rtol=0, atol=1e-4)
+        for name, tensor in rank["whole"].items():  # unwrap_model: the whole model, on every process
+            torch.testing.assert_close(tensor, one["states"][-1][name], rtol=0, atol=1e-4, msg=name)
+        # Resumed after step 3 on the same layout: bit for bit the uninterrupted run.
+        assert rank["resumed"] == rank["losses"][SAVED_AFTER * ACCUMULATION :]
+        assert all(torch.equal(rank["resumed_final"][name], rank["final"][name]) for name in rank["final"])
+        for schedule in ("gpipe", "interleaved_1f1b", "zbv_zero_bubble"):
+            reference = _reference(batches[:2])["losses"]
+            assert rank[schedule] == pytest.approx(reference, **tolerance), schedule
+        # DDP on the pp=2 checkpoint: every weight the one saved, and the steps after it as the pipeline's.
+        assert rank["ddp_loaded"].keys() == one["states"][0].keys()
+        saved = two[0]["saved"]
+        assert [name for name, tensor in rank["ddp_loaded"].items() if not torch.equal(tensor, saved[name])] == []
+        assert rank["ddp_losses"] == pytest.approx(rank["losses"][SAVED_AFTER * ACCUMULATION :], **tolerance)
+    first, last = (set(rank["names"]) for rank in two)
+    assert "token_embedding.weight" in first - last and {"ln_f.weight", "lm_head.weight"} <= last - first
+    assert first | last == set(one["states"][0])  # each stage its own part, under the model's names
+    assert two[0]["losses"] == two[1]["losses"]  # one pipeline: one loss, on both stages
+    # Saved with pp=2 x dp_shard=2, loaded by FSDP2 on 2: every weight (gathered to rank 0) equal.
+    saved, loaded = four[0]["pp_dp_saved"], two[0]["fsdp_loaded"]
+    assert loaded.keys() == saved.keys() and all(torch.equal(loaded[name], saved[name]) for name in saved)
+
+    head = _reference(batches[:SAVED_AFTER])
+    for rank in four:
+        losses, norms = rank["pp_dp"]
+        assert norms == pytest.approx(head["norms"], **tolerance)  # the global batch's gradient norm
+        assert rank["pp_tp"][0] == pytest.approx(head["losses"], **tolerance)
+        assert rank["pp4"][0] == pytest.approx(head["losses"], **tolerance)
+    # Each data-parallel rank's loss is its half's mean: the two halves' mean is the global batch's.
+    by_dp = {rank["dp_rank"]: rank["pp_dp"][0] for rank in four}
+    assert [sum(pair) / 2 for pair in zip(by_dp[0], by_dp[1], strict=True)] == pytest.approx(
+        head["losses"], **tolerance
+    )
+    assert {rank["dp_rank"] for rank in four} == {0, 1}
+    assert "(Shard(dim=0),)" in four[0]["pp_tp_placements"]  # the stages' layers are split over tp
+    assert set().union(*(rank["pp4_names"] for rank in four)) == set(one["states"][0])

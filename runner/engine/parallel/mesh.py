@@ -39,6 +39,7 @@ _CONFIG_KEYS = {
     "pp_schedule": "parallel.pp_schedule",
     "pp_microbatches": "parallel.pp_microbatches",
     "pp_split_points": "parallel.pp_split_points",
+    "pp_stages_per_rank": "parallel.pp_stages_per_rank",
 }
 
 
@@ -94,8 +95,9 @@ class ParallelismConfig:
     def __post_init__(self) -> None:
         for name in ("dp_replicate_size", "tp_size", "cp_size", "pp_size"):
             _check_size(name, getattr(self, name))
-        if self.pp_microbatches is not None:
-            _check_size("pp_microbatches", self.pp_microbatches)
+        for name in ("pp_microbatches", "pp_stages_per_rank"):
+            if getattr(self, name) is not None:
+                _check_size(name, getattr(self, name))
         if self.pp_split_points is not None:
             object.__setattr__(self, "pp_split_points", tuple(self.pp_split_points))
         if self.pp_enabled:
