@@ -222,8 +222,9 @@ def check_schedule(
         rounds = max(1, microbatches // pp)
         if microbatches % rounds:
             raise ValueError(
-                f"parallel.pp_microbatches={microbatches} does not suit {name} on parallel.pp={pp}: the micro-batches "
-                f"run in rounds of {pp}, so use a number below {pp} or a multiple of {pp}."
+                f"parallel.pp_microbatches={microbatches} does not suit {name} on parallel.pp={pp}: it runs them in "
+                f"{rounds} rounds (micro-batches // pp), which must divide them; use a multiple of {pp}, or fewer "
+                f"than {pp}."
             )
 
 

@@ -7,7 +7,16 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from runner.config import CONF_DIR, DP_SHARD_AUTO, TP_STYLES, ConfigError, RunnerConfig, register_configs
+from runner.config import (
+    CONF_DIR,
+    DP_SHARD_AUTO,
+    PP_SCHEDULES,
+    PP_SINGLE_STAGE_SCHEDULES,
+    TP_STYLES,
+    ConfigError,
+    RunnerConfig,
+    register_configs,
+)
 from runner.config.check import check_overrides
 from runner.config.validation import validate
 from tests.shared_data import MNIST, needs_mnist
@@ -336,18 +345,18 @@ def _fsdp(*overrides: str) -> list[str]:
         (_fsdp("parallel.dp_replicate=-1"), "parallel.dp_replicate=-1 must be a whole number of at least 1."),
         (
             _fsdp("parallel.dp_shard=0"),
-            "parallel.dp_shard=0 must be a whole number of at least 1, or auto (the processes parallel.dp_replicate "
-            "and parallel.tp leave).",
+            "parallel.dp_shard=0 must be a whole number of at least 1, or auto (the processes parallel.dp_replicate, "
+            "parallel.tp and parallel.pp leave).",
         ),
         (
             _fsdp("parallel.dp_shard=half"),
             "parallel.dp_shard='half' must be a whole number of at least 1, or auto (the processes "
-            "parallel.dp_replicate and parallel.tp leave).",
+            "parallel.dp_replicate, parallel.tp and parallel.pp leave).",
         ),
         (
             _fsdp("parallel.dp_shard=1.5"),
-            "parallel.dp_shard=1.5 must be a whole number of at least 1, or auto (the processes parallel.dp_replicate "
-            "and parallel.tp leave).",
+            "parallel.dp_shard=1.5 must be a whole number of at least 1, or auto (the processes parallel.dp_replicate, "
+            "parallel.tp and parallel.pp leave).",
         ),
         (_fsdp("parallel.cp=2"), "parallel.cp=2: context parallelism is not supported yet; set parallel.cp=1."),
         (
@@ -366,6 +375,44 @@ def _fsdp(*overrides: str) -> list[str]:
             "parallel.dp_shard=auto needs parallel.dp_replicate * parallel.tp = 1 * 2 = 2 to divide the 1 process "
             "(trainer.num_processes=1 x trainer.num_nodes=1); choose parallel.dp_replicate and parallel.tp whose "
             "product divides 1, or change trainer.num_processes.",
+        ),
+        (_fsdp("parallel.pp=0"), "parallel.pp=0 must be a whole number of at least 1."),
+        (
+            _fsdp("parallel.pp=3"),
+            "parallel.dp_shard=auto needs parallel.dp_replicate * parallel.tp * parallel.pp = 1 * 1 * 3 = 3 to divide "
+            "the 2 processes (trainer.num_processes=2 x trainer.num_nodes=1); choose parallel.dp_replicate, "
+            "parallel.tp and parallel.pp whose product divides 2, or change trainer.num_processes.",
+        ),
+        (
+            _fsdp("parallel.pp=2", "parallel.dp_shard=2"),
+            "parallel.dp_replicate * parallel.dp_shard * parallel.tp * parallel.pp = 1 * 2 * 1 * 2 = 4 does not match "
+            "the 2 processes (trainer.num_processes=2 x trainer.num_nodes=1); set parallel.dp_shard=auto, or sizes "
+            "whose product is 2.",
+        ),
+        (
+            _fsdp("parallel.pp=2", "parallel.pp_schedule=1f1f"),
+            "parallel.pp_schedule='1f1f' is not supported (did you mean '1f1b'?); use one of gpipe, 1f1b, "
+            "interleaved_1f1b, looped_bfs, interleaved_zero_bubble, zbv_zero_bubble.",
+        ),
+        (
+            _fsdp("parallel.pp=2", "parallel.pp_microbatches=0"),
+            "parallel.pp_microbatches=0 must be a whole number of at least 1, or null.",
+        ),
+        (
+            _fsdp("parallel.pp=2", "parallel.pp_microbatches=3"),
+            "data.batch_size=64 does not split into the 3 micro-batches of each pipeline step "
+            "(parallel.pp_microbatches); make data.batch_size a multiple of 3.",
+        ),
+        (
+            _fsdp("parallel.pp=2", "parallel.pp_split_points=conv2"),
+            "parallel.pp_split_points='conv2' must be a list of module names, each the first of a stage after the "
+            "first, e.g. 'parallel.pp_split_points=[blocks.2]', or null to cut the blocks evenly.",
+        ),
+        (
+            _fsdp("parallel.pp=2", "loss=model"),
+            "loss=model cannot run under parallel.pp=2: the last stage computes the loss from its outputs, and the "
+            "model's own loss needs the whole model; declare a loss node (a _target_ called as loss(outputs, "
+            "targets)).",
         ),
         (
             _fsdp("parallel.tp_plan={fc1:colwize}"),
@@ -393,19 +440,23 @@ def test_bad_meshes_get_one_sentence_naming_the_keys(overrides, message):
 def test_a_mesh_is_valid_exactly_when_the_engine_resolves_it(monkeypatch):
     from runner.engine import ParallelismConfig
     from runner.engine.parallel.mesh import REST_OF_THE_WORLD
+    from runner.engine.parallel.pipeline import SCHEDULES
     from runner.engine.parallel.tensor_parallel import STYLE_NAMES
 
     assert (DP_SHARD_AUTO, TP_STYLES) == (REST_OF_THE_WORLD, STYLE_NAMES)  # mirrored without importing the engine
+    assert PP_SCHEDULES == tuple(SCHEDULES)
+    assert PP_SINGLE_STAGE_SCHEDULES == tuple(name for name, (_, layout) in SCHEDULES.items() if layout == "single")
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     cfg = composed("experiment=mnist_fsdp")
-    for replicate, shard, tp, world in itertools.product([1, 2, 3], ["auto", 1, 2, 3], [1, 2, 4], [1, 2, 4, 6, 8]):
-        if (replicate, shard, tp) == (1, 1, 1) and world > 1:
+    sizes = itertools.product([1, 2, 3], ["auto", 1, 2, 3], [1, 2, 4], [1, 2], [1, 2, 4, 6, 8])
+    for replicate, shard, tp, pp, world in sizes:
+        if (replicate, shard, tp, pp) == (1, 1, 1, 1) and world > 1:
             continue  # the engine takes it for plain replication (Accelerate's rule); the config asks for dp_shard
-        for key, value in {"dp_replicate": replicate, "dp_shard": shard, "tp": tp}.items():
+        for key, value in {"dp_replicate": replicate, "dp_shard": shard, "tp": tp, "pp": pp}.items():
             OmegaConf.update(cfg, f"parallel.{key}", value)
         cfg.trainer.num_processes = world
         try:
-            ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=shard, tp_size=tp).resolve(world)
+            ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=shard, tp_size=tp, pp_size=pp).resolve(world)
             resolves = True
         except ValueError:
             resolves = False
@@ -414,7 +465,7 @@ def test_a_mesh_is_valid_exactly_when_the_engine_resolves_it(monkeypatch):
             valid = True
         except ConfigError:
             valid = False
-        assert valid == resolves, (replicate, shard, tp, world)
+        assert valid == resolves, (replicate, shard, tp, pp, world)
 
 
 def test_an_fsdp_config_saved_before_the_mesh_keys_is_still_valid():

@@ -79,3 +79,63 @@ def test_a_tensor_parallel_plan_is_checked_against_the_model_before_launch():
     with pytest.raises(ConfigError, match=r"^parallel.tp=2 needs a tensor-parallel plan, and Linear has no tp_plan"):
         check_construction(_run_config({"_target_": "torch.nn.Linear", "in_features": 2, "out_features": 2},
                                        parallel={"strategy": "fsdp", "tp": 2, "tp_plan": None}))  # fmt: skip
+
+
+def _pipeline(pp=2, n_layer=2, **parallel):
+    gpt = {"_target_": "runner.models.GPT", "block_size": 8, "n_layer": n_layer, "n_head": 2, "n_embd": 8}
+    options = {"pp_schedule": "1f1b", "pp_microbatches": None, "pp_split_points": None, "pp_stages_per_rank": None}
+    return _run_config(gpt, recipe="language_model", parallel={"strategy": "fsdp", "pp": pp, **options, **parallel})
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            _pipeline(pp=4),
+            "GPT has 2 blocks, too few for 4 pipeline stages; use at most 2 stages, or give the split points.",
+        ),
+        (
+            _pipeline(pp_split_points=["blocks.9"]),
+            "The split point blocks.9 is not a unit the model is cut at; choose among token_embedding, "
+            "position_embedding, blocks.0, blocks.1, ln_f, lm_head.",
+        ),
+        (
+            _pipeline(pp_split_points=["blocks.0", "blocks.1"]),
+            "parallel.pp_split_points names 2 units, and the 2 stages of parallel.pp=2 under 1f1b begin at 1 (every "
+            "stage after the first); give 1.",
+        ),
+        (
+            _pipeline(pp_microbatches=1),
+            "parallel.pp_microbatches=1 is too few for 1f1b on 2 stages, which needs at least one micro-batch per "
+            "stage; set parallel.pp_microbatches to 2 or more.",
+        ),
+        (
+            _pipeline(pp_schedule="interleaved_1f1b", pp_microbatches=5, n_layer=4),
+            "parallel.pp_microbatches=5 does not suit interleaved_1f1b on parallel.pp=2: it runs them in 2 rounds "
+            "(micro-batches // pp), which must divide them; use a multiple of 2, or fewer than 2.",
+        ),
+        (
+            _pipeline(pp_schedule="zbv_zero_bubble", pp_stages_per_rank=3, n_layer=6),
+            "parallel.pp_schedule=zbv_zero_bubble: A V-shaped schedule holds two stages per rank: 4 stages, not 6.",
+        ),
+    ],
+)
+def test_a_pipeline_is_checked_against_the_model_and_its_schedule_before_launch(config, message):
+    with pytest.raises(ConfigError) as error:
+        check_construction(config)
+    assert str(error.value) == message
+
+
+def test_a_pipeline_the_model_can_run_passes_and_a_model_without_a_plan_is_named():
+    check_construction(_pipeline())  # the blocks evenly, one per stage
+    check_construction(_pipeline(pp_split_points=["ln_f"]))  # the embeddings and both blocks, then the head
+    check_construction(_pipeline(pp_schedule="interleaved_1f1b", n_layer=4))  # 2 stages on each process
+    linear = {"_target_": "torch.nn.Linear", "in_features": 2, "out_features": 2}
+    with pytest.raises(ConfigError) as error:
+        check_construction(_run_config(linear, parallel={"strategy": "fsdp", "pp": 2, "pp_schedule": "1f1b",
+                                                         "pp_microbatches": None, "pp_split_points": None,
+                                                         "pp_stages_per_rank": None}))  # fmt: skip
+    assert str(error.value) == (
+        "Linear has no pp_plan() saying how pipeline parallelism cuts it; give the model a pp_plan() method returning "
+        "a runner.engine.parallel.pipeline.PipelinePlan (runner.models.GPT has one)."
+    )

@@ -41,6 +41,46 @@ def test_ranks_of_one_tensor_parallel_group_share_a_data_parallel_rank():
     assert [config.tp_rank(rank) for rank in range(8)] == [0, 1] * 4
 
 
+def test_pipeline_stages_are_the_outermost_dimension_and_read_the_same_batches():
+    config = ParallelismConfig(pp_size=2, dp_shard_size="auto", tp_size=2).resolve(world_size=8)
+    assert config.mesh_dim_names == ("pp", "dp_replicate", "dp_shard", "tp") and config.mesh_shape == (2, 1, 2, 2)
+    assert (config.data_parallel_size, config.non_data_parallel_size, config.total_size) == (2, 4, 8)
+    # Row-major over (pp, dp_replicate, dp_shard, tp): the stages of one pipeline are 4 ranks apart.
+    assert [config.pp_rank(rank) for rank in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [config.data_parallel_rank(rank) for rank in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert (config.pp_stages, config.microbatches) == (2, 2)  # 1f1b: one stage per process, a micro-batch each
+    looped = ParallelismConfig(pp_size=2, pp_schedule="interleaved_1f1b", pp_microbatches=8)
+    assert (looped.pp_stages, looped.microbatches) == (4, 8)
+    assert ParallelismConfig(pp_size=2, pp_schedule="looped_bfs", pp_stages_per_rank=3).pp_stages == 6
+    assert ParallelismConfig(pp_size=1).mesh_dim_names == MESH_DIM_NAMES  # no pp dimension without stages
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        ({"pp_size": 0}, "pp_size=0 (parallel.pp) must be a whole number of at least 1."),
+        ({"pp_size": 2, "pp_microbatches": 0}, "pp_microbatches=0 (parallel.pp_microbatches) must be a whole number"),
+        ({"pp_size": 2, "pp_schedule": "dualpipe"}, "parallel.pp_schedule='dualpipe' is not a pipeline schedule"),
+        ({"pp_size": 2, "pp_microbatches": 1}, "parallel.pp_microbatches=1 is too few for 1f1b on 2 stages"),
+        ({"pp_size": 2, "pp_split_points": ["a", "b"]}, "parallel.pp_split_points names 2 units, and the 2 stages"),
+    ],
+)
+def test_a_pipeline_the_schedule_cannot_run_is_refused(sizes, message):
+    with pytest.raises(ValueError) as error:
+        ParallelismConfig(**sizes)
+    assert str(error.value).startswith(message)
+
+
+def test_a_pipeline_that_does_not_fit_the_processes_names_every_size():
+    with pytest.raises(ValueError) as error:
+        ParallelismConfig(pp_size=2, dp_shard_size=2).resolve(world_size=2)
+    assert str(error.value) == (
+        "dp_replicate_size * dp_shard_size * tp_size * pp_size = 1 * 2 * 1 * 2 = 4 does not match the 2 processes; "
+        "make parallel.dp_replicate * parallel.dp_shard * parallel.tp * parallel.pp equal the number of processes, or "
+        "set parallel.dp_shard=auto."
+    )
+
+
 def test_an_unresolved_config_says_so():
     with pytest.raises(RuntimeError, match=r"dp_shard_size='auto' is unresolved; call resolve\(world_size\) first"):
         _ = ParallelismConfig(dp_shard_size="auto").total_size
