@@ -179,6 +179,10 @@ def _pipelines_of_two(directory: str) -> dict:
     accelerator, model, optimizer = _prepared(dp_shard_size=2)
     accelerator.load_state(root / "pp2_dp2")
     result["fsdp_loaded"] = accelerator.get_state_dict(model)
+    # ... and by 4 stages on these 2 (2 on each, interleaved 1F1B).
+    accelerator, model, optimizer = _prepared(pp_size=2, pp_schedule="interleaved_1f1b")
+    accelerator.load_state(root / "pp2_dp2")
+    result["stages_loaded"] = accelerator.get_state_dict(model)
     return result
 
 
@@ -235,9 +239,10 @@ def test_pipelined_training_matches_one_process_and_its_checkpoints_load_on_any_
     assert "token_embedding.weight" in first - last and {"ln_f.weight", "lm_head.weight"} <= last - first
     assert first | last == set(one["states"][0])  # each stage its own part, under the model's names
     assert two[0]["losses"] == two[1]["losses"]  # one pipeline: one loss, on both stages
-    # Saved with pp=2 x dp_shard=2, loaded by FSDP2 on 2: every weight (gathered to rank 0) equal.
-    saved, loaded = four[0]["pp_dp_saved"], two[0]["fsdp_loaded"]
-    assert loaded.keys() == saved.keys() and all(torch.equal(loaded[name], saved[name]) for name in saved)
+    # Saved with pp=2 x dp_shard=2, loaded by FSDP2 on 2: every weight (gathered to rank 0) equal ...
+    saved = four[0]["pp_dp_saved"]
+    for loaded in (two[0]["fsdp_loaded"], two[0]["stages_loaded"]):  # ... and by 4 stages on 2 processes
+        assert loaded.keys() == saved.keys() and all(torch.equal(loaded[name], saved[name]) for name in saved)
 
     head = _reference(batches[:SAVED_AFTER])
     for rank in four:

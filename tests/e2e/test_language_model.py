@@ -219,6 +219,25 @@ def test_tensor_parallel_gpt_trains_and_saves_the_full_plain_model(tmp_path):
             tensor, expected[name], atol=1e-4, rtol=0, msg=lambda text, name=name: f"{name}: {text}"
         )
 
+    # Two pipeline stages (the embeddings and the block, then the final norm and the head) reading the same batches:
+    # the same weights as one process, up to float rounding (1e-6 here), and an export of its sharded checkpoint.
+    pipelined = tmp_path / "pipelined"
+    done = run_cli(
+        *lm_args("shakespeare_gpt_pp"), "parallel.pp_split_points=[ln_f]", "trainer.max_steps=10",
+        f"hydra.run.dir={pipelined}", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    staged = load_file(pipelined / "model" / "model.safetensors")
+    assert staged.keys() == expected.keys()
+    for name, tensor in staged.items():
+        torch.testing.assert_close(
+            tensor, expected[name], atol=1e-5, rtol=0, msg=lambda text, name=name: f"{name}: {text}"
+        )
+    assert eval_loss(final_model(pipelined)) == pytest.approx(metrics(pipelined)["eval/loss"], abs=1e-5)
+    assert export([str(pipelined / "checkpoints" / "checkpoint_0"), "--to", str(tmp_path / "staged")]) == 0
+    exported = load_file(tmp_path / "staged" / "model.safetensors")
+    assert [name for name in staged if not torch.equal(exported[name], staged[name])] == []
+
     for checkpoint, step in (("checkpoint_0", 5), ("checkpoint_1", 10)):
         manifest = json.loads((run / "checkpoints" / checkpoint / "manifest.json").read_text())
         assert (manifest["world_size"], manifest["step"]) == (2, step), manifest
