@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from runner.config import ConfigError
-from runner.training.components import BatchError, build
+from runner.training.components import BatchError, build, predictions
 
 PREFIX = "eval"
 REQUIRED_METHODS = ("update", "compute", "reset")
@@ -174,6 +174,17 @@ def _check_protocol(name: str, metric: Any) -> None:
             f"metrics.{name} ({type(metric).__name__}) has no {' or '.join(missing)}; a metric needs "
             "update(outputs, targets), compute() and reset(), as torchmetrics' Metric classes have."
         )
+
+
+def next_token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """A causal language model's loss from its logits and unshifted labels, as a Hugging Face model computes its own
+    (``loss: model``): the logits at t scored against the label at t + 1, ``ignore_index`` left out, the mean over
+    the rest, in fp32. A loss node (``loss: {_target_: runner.metrics.next_token_cross_entropy, _partial_: true}``)
+    where the model's own loss cannot run: under pipeline parallelism, whose last stage has only the logits."""
+    logits = predictions(logits)  # a tensor (a last stage's output), or a model output with logits
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=ignore_index
+    )
 
 
 def drop_last_position(logits: torch.Tensor) -> torch.Tensor:

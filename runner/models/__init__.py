@@ -7,6 +7,7 @@ checkpoint room; nothing above them.
 from runner.models.adapters import with_peft
 from runner.models.cnn import MnistCNN
 from runner.models.gpt import GPT
+from runner.models.pipeline_plans import gpt2_plan  # registers the plans of the models it knows
 from runner.models.run_weights import from_run
 
-__all__ = ["GPT", "MnistCNN", "from_run", "with_peft"]
+__all__ = ["GPT", "MnistCNN", "from_run", "gpt2_plan", "with_peft"]

@@ -135,6 +135,64 @@ def _reference(batches, accumulation: int = 1) -> dict:
     return {"losses": losses, "norms": norms, "states": states, "logits": logits}
 
 
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    sizes = {"vocab_size": VOCAB, "n_positions": TIME, "n_embd": 32, "n_layer": 4, "n_head": 2}
+    dropout = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    return GPT2LMHeadModel(GPT2Config(**sizes, **dropout, bos_token_id=None, eos_token_id=None))
+
+
+class _Stack(torch.nn.Module):
+    """A user's model: an embedding, a ModuleList of blocks, a head, run in sequence (sequential_plan cuts it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(VOCAB, 32)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.Linear(32, 32), torch.nn.GELU()) for _ in range(4)
+        )
+        self.head = torch.nn.Linear(32, VOCAB)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+    def pp_plan(self):
+        from runner.engine.parallel.pipeline import sequential_plan
+
+        return sequential_plan(self)
+
+
+def _models_of_others() -> dict:
+    """Hugging Face's GPT-2 (its registered plan; the loss a loss node) and a user's model, two steps on 2 stages."""
+    from runner.engine import Accelerator, ParallelismConfig
+    from runner.metrics import next_token_cross_entropy
+    from runner.models.gpt import next_token_loss
+
+    result = {}
+    for name, build, loss_fn, batch in (
+        ("gpt2", _gpt2, next_token_cross_entropy, lambda idx, targets: ((), {"input_ids": idx}, idx)),
+        ("stack", _Stack, next_token_loss, lambda idx, targets: ((idx,), {}, targets)),
+    ):
+        config = ParallelismConfig(pp_size=2, pp_microbatches=MICROBATCHES)
+        accelerator = Accelerator(parallelism_config=config)
+        model = accelerator.prepare(build())  # this process's stage
+        optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-2))
+        losses = []
+        for idx, targets in _batches(2):
+            args, kwargs, target = batch(idx, targets)
+            losses.append(accelerator.forward_backward(model, *args, target=target, loss_fn=loss_fn, **kwargs).item())
+            optimizer.step()
+            optimizer.zero_grad()
+        result[name] = losses
+    return result
+
+
 def _pipelines_of_two(directory: str) -> dict:
     """On 2 processes: 1F1B with accumulation and clipping, saved midway and resumed; the other schedules; the
     checkpoint loaded by DDP on the same processes and by FSDP2 (the 4-process run's)."""
@@ -183,7 +241,7 @@ def _pipelines_of_two(directory: str) -> dict:
     accelerator, model, optimizer = _prepared(pp_size=2, pp_schedule="interleaved_1f1b")
     accelerator.load_state(root / "pp2_dp2")
     result["stages_loaded"] = accelerator.get_state_dict(model)
-    return result
+    return result | _models_of_others()
 
 
 def _pipelines_of_four(directory: str) -> dict:
@@ -235,6 +293,26 @@ def test_pipelined_training_matches_one_process_and_its_checkpoints_load_on_any_
         saved = two[0]["saved"]
         assert [name for name, tensor in rank["ddp_loaded"].items() if not torch.equal(tensor, saved[name])] == []
         assert rank["ddp_losses"] == pytest.approx(rank["losses"][SAVED_AFTER * ACCUMULATION :], **tolerance)
+    # Hugging Face's GPT-2 cut by its registered plan, against its own loss; a user's ModuleList model.
+
+    gpt2, stack = _gpt2(), _Stack()
+    for reference, name, loss_of in (
+        (gpt2, "gpt2", lambda idx, targets: gpt2(input_ids=idx, labels=idx).loss),
+        (
+            stack,
+            "stack",
+            lambda idx, targets: torch.nn.functional.cross_entropy(stack(idx).reshape(-1, VOCAB), targets.reshape(-1)),
+        ),
+    ):
+        optimizer, expected = torch.optim.AdamW(reference.parameters(), lr=1e-2), []
+        for idx, targets in batches[:2]:
+            loss = loss_of(idx, targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            expected.append(loss.item())
+        for rank in two:
+            assert rank[name] == pytest.approx(expected, **tolerance), name
     first, last = (set(rank["names"]) for rank in two)
     assert "token_embedding.weight" in first - last and {"ln_f.weight", "lm_head.weight"} <= last - first
     assert first | last == set(one["states"][0])  # each stage its own part, under the model's names

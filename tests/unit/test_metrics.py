@@ -179,3 +179,19 @@ def test_node_without_target_is_rejected():
         "metrics.accuracy has no _target_; give the class to build, "
         "e.g. `_target_: torchmetrics.classification.MulticlassAccuracy`."
     )
+
+
+def test_the_next_token_loss_node_is_a_hugging_face_causal_lms_own_loss():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from runner.metrics import next_token_cross_entropy
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2))
+    ids = torch.randint(32, (3, 8))
+    labels = ids.clone()
+    labels[0, 5:] = -100  # positions without a loss
+    output = model(input_ids=ids, labels=labels)
+    # From the model's output (its logits), or from the logits alone (a pipeline's last stage).
+    assert next_token_cross_entropy(output, labels).item() == pytest.approx(output.loss.item(), abs=1e-6)
+    assert torch.equal(next_token_cross_entropy(output.logits, labels), next_token_cross_entropy(output, labels))

@@ -59,19 +59,76 @@ class PipelinePlan:
     tied: Mapping[str, str] = field(default_factory=dict)
 
 
+def sequential_plan(model: nn.Module, tied: Mapping[str, str] | None = None) -> PipelinePlan:
+    """The plan of a model whose forward runs its children one after another, each on the previous one's output
+    (``x = child(x)``, the entries of a ``ModuleList`` or ``ModuleDict`` in turn): its units are the children in
+    the order they were registered, lists expanded, and a stage runs those it holds. A model whose forward is that
+    sequence gives it as its plan::
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed, self.blocks, self.head = nn.Embedding(256, 64), nn.ModuleList(...), nn.Linear(64, 256)
+
+            def forward(self, x):
+                x = self.embed(x)
+                for block in self.blocks:
+                    x = block(x)
+                return self.head(x)
+
+            def pp_plan(self):
+                return sequential_plan(self)
+
+    Only the model knows whether its forward is that sequence (a residual around the blocks, a second input, an
+    output of several tensors are not); stages cut by this plan compute the sequence.
+
+    Args:
+        tied: Tied weights, as :class:`PipelinePlan` takes them.
+    """
+    units: list[str] = []
+    for name, child in model.named_children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            units.extend(f"{name}.{entry}" for entry in child._modules)
+        else:
+            units.append(name)
+    return PipelinePlan(tuple(units), _sequential_stage_forward, tied=dict(tied or {}))
+
+
+def _sequential_stage_forward(self: nn.Module, x: Any) -> Any:
+    for child in self.children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            for entry in child._modules.values():
+                x = entry(x)
+        else:
+            x = child(x)
+    return x
+
+
+# Plans for classes that cannot carry a pp_plan() of their own (a library's models), by class name.
+_REGISTERED_PLANS: dict[str, Callable[[nn.Module], PipelinePlan]] = {}
+
+
+def register_pp_plan(class_name: str, plan: Callable[[nn.Module], PipelinePlan]) -> None:
+    """Cut models of class ``class_name`` by ``plan(model)`` (``runner.models`` registers Hugging Face's GPT-2)."""
+    _REGISTERED_PLANS[class_name] = plan
+
+
 def pipeline_plan(model: nn.Module) -> PipelinePlan:
-    """The model's own plan (its ``pp_plan()``).
+    """The model's own plan (its ``pp_plan()``), or the one registered for its class.
 
     Raises:
         ValueError: The model has none.
     """
     plan = getattr(model, "pp_plan", None)
-    if not callable(plan):
-        raise ValueError(
-            f"{type(model).__name__} has no pp_plan() saying how pipeline parallelism cuts it; give the model a "
-            "pp_plan() method returning a runner.engine.parallel.pipeline.PipelinePlan (runner.models.GPT has one)."
-        )
-    return plan()
+    if callable(plan):
+        return plan()
+    registered = _REGISTERED_PLANS.get(type(model).__name__)
+    if registered is not None:
+        return registered(model)
+    raise ValueError(
+        f"{type(model).__name__} has no pp_plan() saying how pipeline parallelism cuts it; give the model a "
+        "pp_plan() method returning a runner.engine.parallel.pipeline.PipelinePlan (runner.models.GPT has one)."
+    )
 
 
 def stage_units(

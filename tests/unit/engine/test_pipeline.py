@@ -94,3 +94,52 @@ def test_each_rank_holds_the_stages_its_schedule_lays_out():
     assert schedule_class("interleaved_1f1b") == (ScheduleInterleaved1F1B, "looped")
     with pytest.raises(ValueError, match=r"^'pipedream' is not a pipeline schedule; choose one of gpipe, 1f1b, "):
         schedule_class("pipedream")
+
+
+def test_a_sequential_model_is_cut_by_its_children_and_its_stage_views_share_the_rank_module():
+    from runner.engine.parallel.pipeline import sequential_plan
+    from runner.engine.parallel.pipelined import stage_view
+
+    class Stack(nn.Module):  # a user's model: its forward runs its children in turn
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.blocks = nn.Embedding(16, 8), nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+            self.head = nn.Linear(8, 16)
+
+        def forward(self, x):
+            x = self.embed(x)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    torch.manual_seed(0)
+    model = Stack()
+    plan = sequential_plan(model)
+    assert plan.units == ("embed", "blocks.0", "blocks.1", "blocks.2", "head")
+    idx = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        whole = model(idx)
+        units = stage_units(model, plan, 2)
+        assert units == [("embed", "blocks.0", "blocks.1"), ("blocks.2", "head")]
+        staged = idx
+        for stage in [cut(model, plan, stage_units) for stage_units in units]:
+            staged = stage(staged)
+        assert torch.equal(staged, whole)
+        # One process holding both stages: views of one rank module, sharing its parameters, each its own part.
+        rank_module = cut(model, plan, plan.units)
+        first, second = (stage_view(rank_module, plan, stage_units) for stage_units in units)
+        assert torch.equal(second(first(idx)), whole)
+        assert [name for name, _ in first.named_parameters()] == [
+            "embed.weight", "blocks.0.weight", "blocks.0.bias", "blocks.1.weight", "blocks.1.bias"
+        ]  # fmt: skip
+        assert first.embed.weight is rank_module.embed.weight and second.head.bias is rank_module.head.bias
+        assert len(rank_module.blocks) == 3  # the views' lists are copies: the rank module keeps every block
+
+
+def test_the_bubble_of_a_schedule_in_theory():
+    from runner.engine.parallel.pipeline import bubble_fraction
+
+    assert bubble_fraction("1f1b", pp=2, microbatches=4) == pytest.approx(1 / 5)
+    assert bubble_fraction("gpipe", pp=4, microbatches=8) == pytest.approx(3 / 11)
+    assert bubble_fraction("interleaved_1f1b", pp=2, microbatches=4) == pytest.approx(0.5 / 4.5)  # 2 stages each
+    assert bubble_fraction("zbv_zero_bubble", pp=2, microbatches=4) is None
