@@ -86,14 +86,17 @@ def _batches(count: int, rows: int = BATCH) -> list[tuple[torch.Tensor, torch.Te
     return [tuple(torch.randint(VOCAB, (rows, TIME), generator=generator) for _ in range(2)) for _ in range(count)]
 
 
-def _prepared(accumulation: int = 1, **parallel):
+def _prepared(accumulation: int = 1, precision: str = "no", **parallel):
     """A GPT and AdamW prepared on a mesh with ``parallel`` (ParallelismConfig's sizes; none: DDP or one process)."""
     from runner.engine import Accelerator, FullyShardedDataParallelPlugin, ParallelismConfig
 
     options = {"pp_microbatches": MICROBATCHES, **parallel}
     config = ParallelismConfig(**options) if parallel else None
     plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Block"]) if parallel else None
-    accelerator = Accelerator(gradient_accumulation_steps=accumulation, parallelism_config=config, fsdp_plugin=plugin)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=accumulation, mixed_precision=precision, parallelism_config=config,
+        fsdp_plugin=plugin,
+    )  # fmt: skip
     model = _gpt()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     return (accelerator, *accelerator.prepare(model, optimizer))
@@ -168,29 +171,40 @@ class _Stack(torch.nn.Module):
         return sequential_plan(self)
 
 
+def _gpt2_steps(batches, **parallel) -> list[float]:
+    """Hugging Face's GPT-2 in 2 stages (each sharded over ``parallel``'s other sizes), its loss a loss node."""
+    from runner.engine import Accelerator, FullyShardedDataParallelPlugin, ParallelismConfig
+    from runner.metrics import next_token_cross_entropy
+
+    config = ParallelismConfig(pp_size=2, **{"pp_microbatches": MICROBATCHES, **parallel})
+    plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["GPT2Block"])
+    accelerator = Accelerator(parallelism_config=config, fsdp_plugin=plugin)
+    model = accelerator.prepare(_gpt2())  # this process's stage
+    optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    losses = []
+    for idx, _ in batches:
+        losses.append(
+            accelerator.forward_backward(model, input_ids=idx, target=idx, loss_fn=next_token_cross_entropy).item()
+        )
+        optimizer.step()
+        optimizer.zero_grad()
+    return losses
+
+
 def _models_of_others() -> dict:
     """Hugging Face's GPT-2 (its registered plan; the loss a loss node) and a user's model, two steps on 2 stages."""
     from runner.engine import Accelerator, ParallelismConfig
-    from runner.metrics import next_token_cross_entropy
     from runner.models.gpt import next_token_loss
 
-    result = {}
-    for name, build, loss_fn, batch in (
-        ("gpt2", _gpt2, next_token_cross_entropy, lambda idx, targets: ((), {"input_ids": idx}, idx)),
-        ("stack", _Stack, next_token_loss, lambda idx, targets: ((idx,), {}, targets)),
-    ):
-        config = ParallelismConfig(pp_size=2, pp_microbatches=MICROBATCHES)
-        accelerator = Accelerator(parallelism_config=config)
-        model = accelerator.prepare(build())  # this process's stage
-        optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-2))
-        losses = []
-        for idx, targets in _batches(2):
-            args, kwargs, target = batch(idx, targets)
-            losses.append(accelerator.forward_backward(model, *args, target=target, loss_fn=loss_fn, **kwargs).item())
-            optimizer.step()
-            optimizer.zero_grad()
-        result[name] = losses
-    return result
+    accelerator = Accelerator(parallelism_config=ParallelismConfig(pp_size=2, pp_microbatches=MICROBATCHES))
+    model = accelerator.prepare(_Stack())  # this process's stage
+    optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    losses = []
+    for idx, targets in _batches(2):
+        losses.append(accelerator.forward_backward(model, idx, target=targets, loss_fn=next_token_loss).item())
+        optimizer.step()
+        optimizer.zero_grad()
+    return {"gpt2": _gpt2_steps(_batches(2)), "stack": losses}
 
 
 def _pipelines_of_two(directory: str) -> dict:
@@ -226,6 +240,15 @@ def _pipelines_of_two(directory: str) -> dict:
     for schedule in ("gpipe", "interleaved_1f1b", "zbv_zero_bubble"):
         accelerator, model, optimizer = _prepared(pp_size=2, pp_schedule=schedule)
         result[schedule] = _train(accelerator, model, optimizer, batches[:2])[0]
+
+    # Mixed precision: each stage's forward under autocast; fp16's loss scale in every micro-batch's loss.
+    for precision in ("bf16", "fp16"):
+        accelerator, model, optimizer = _prepared(precision=precision, pp_size=2)
+        result[precision], result[f"{precision} norms"] = _train(accelerator, model, optimizer, batches[:2])
+        result[f"{precision} scale"] = None if accelerator.scaler is None else accelerator.scaler.get_scale()
+        result[f"{precision} autocast"] = all(
+            getattr(view.forward, "_autocast_wrapped", False) for view in model.views.values()
+        )
 
     # Saved with pp=2, loaded by DDP: the whole model on each process, every weight the one saved.
     accelerator, model, optimizer = _prepared(ACCUMULATION)
@@ -263,8 +286,11 @@ def _pipelines_of_four(directory: str) -> dict:
     accelerator, model, optimizer = _prepared(pp_size=2, tp_size=2)
     result["pp_tp"] = _train(accelerator, model, optimizer, batches)
     result["pp_tp_placements"] = sorted({str(p.placements) for p in model.parameters()})
+    accelerator, model, optimizer = _prepared(pp_size=2, dp_replicate_size=2, pp_microbatches=2)
+    result["pp_replicas"] = _train(accelerator, model, optimizer, halves)
     accelerator, model, optimizer = _prepared(pp_size=4)
     result["pp4"] = _train(accelerator, model, optimizer, batches)
+    result["gpt2_pp_dp"] = _gpt2_steps(halves, dp_shard_size=2, pp_microbatches=2)
     result["pp4_names"] = sorted(name for name, _ in model.module.named_parameters(remove_duplicate=False))
     return result
 
@@ -285,9 +311,16 @@ def test_pipelined_training_matches_one_process_and_its_checkpoints_load_on_any_
         # Resumed after step 3 on the same layout: bit for bit the uninterrupted run.
         assert rank["resumed"] == rank["losses"][SAVED_AFTER * ACCUMULATION :]
         assert all(torch.equal(rank["resumed_final"][name], rank["final"][name]) for name in rank["final"])
+        reference, reference_norms = _reference(batches[:2])["losses"], _reference(batches[:2])["norms"]
         for schedule in ("gpipe", "interleaved_1f1b", "zbv_zero_bubble"):
-            reference = _reference(batches[:2])["losses"]
             assert rank[schedule] == pytest.approx(reference, **tolerance), schedule
+        # Half precision: within its rounding of the fp32 losses (bf16 keeps 8 bits of mantissa, fp16 11); fp16's
+        # scaler kept its first scale (no step skipped).
+        assert rank["bf16"] == pytest.approx(reference, abs=3e-2) and rank["bf16"] != reference
+        assert rank["fp16"] == pytest.approx(reference, abs=5e-3) and rank["fp16 scale"] == 2.0**16
+        for precision in ("bf16", "fp16"):  # the gradients of the loss, unscaled: the fp32 norms
+            assert rank[f"{precision} norms"] == pytest.approx(reference_norms, rel=5e-2), precision
+        assert rank["bf16 autocast"] and rank["fp16 autocast"] and rank["bf16 scale"] is None
         # DDP on the pp=2 checkpoint: every weight the one saved, and the steps after it as the pipeline's.
         assert rank["ddp_loaded"].keys() == one["states"][0].keys()
         saved = two[0]["saved"]
@@ -313,6 +346,18 @@ def test_pipelined_training_matches_one_process_and_its_checkpoints_load_on_any_
             expected.append(loss.item())
         for rank in two:
             assert rank[name] == pytest.approx(expected, **tolerance), name
+    # GPT-2 in 2 stages x 2-way FSDP2, each data-parallel rank half the batch: the halves' mean is the whole's.
+    gpt2, expected = _gpt2(), []
+    optimizer = torch.optim.AdamW(gpt2.parameters(), lr=1e-2)
+    for idx, _ in batches[:SAVED_AFTER]:
+        loss = gpt2(input_ids=idx, labels=idx).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        expected.append(loss.item())
+    by_dp = {rank["dp_rank"]: rank["gpt2_pp_dp"] for rank in four}
+    means = [sum(pair) / 2 for pair in zip(by_dp[0], by_dp[1], strict=True)]
+    assert means == pytest.approx(expected, **tolerance)
     first, last = (set(rank["names"]) for rank in two)
     assert "token_embedding.weight" in first - last and {"ln_f.weight", "lm_head.weight"} <= last - first
     assert first | last == set(one["states"][0])  # each stage its own part, under the model's names
@@ -324,15 +369,15 @@ def test_pipelined_training_matches_one_process_and_its_checkpoints_load_on_any_
 
     head = _reference(batches[:SAVED_AFTER])
     for rank in four:
-        losses, norms = rank["pp_dp"]
-        assert norms == pytest.approx(head["norms"], **tolerance)  # the global batch's gradient norm
         assert rank["pp_tp"][0] == pytest.approx(head["losses"], **tolerance)
         assert rank["pp4"][0] == pytest.approx(head["losses"], **tolerance)
+        for key in ("pp_dp", "pp_replicas"):  # the global batch's gradient norm, sharded or replicated
+            assert rank[key][1] == pytest.approx(head["norms"], **tolerance), key
     # Each data-parallel rank's loss is its half's mean: the two halves' mean is the global batch's.
-    by_dp = {rank["dp_rank"]: rank["pp_dp"][0] for rank in four}
-    assert [sum(pair) / 2 for pair in zip(by_dp[0], by_dp[1], strict=True)] == pytest.approx(
-        head["losses"], **tolerance
-    )
+    for key in ("pp_dp", "pp_replicas"):
+        by_dp = {rank["dp_rank"]: rank[key][0] for rank in four}
+        means = [sum(pair) / 2 for pair in zip(by_dp[0], by_dp[1], strict=True)]
+        assert means == pytest.approx(head["losses"], **tolerance), key
     assert {rank["dp_rank"] for rank in four} == {0, 1}
     assert "(Shard(dim=0),)" in four[0]["pp_tp_placements"]  # the stages' layers are split over tp
     assert set().union(*(rank["pp4_names"] for rank in four)) == set(one["states"][0])

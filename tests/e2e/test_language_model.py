@@ -237,6 +237,15 @@ def test_tensor_parallel_gpt_trains_and_saves_the_full_plain_model(tmp_path):
     assert export([str(pipelined / "checkpoints" / "checkpoint_0"), "--to", str(tmp_path / "staged")]) == 0
     exported = load_file(tmp_path / "staged" / "model.safetensors")
     assert [name for name in staged if not torch.equal(exported[name], staged[name])] == []
+    # runner generate reads the stages' checkpoint as the final model; runner eval gives the run's own loss.
+    sampling = {"prompt": "ROMEO:", "max_new_tokens": 40, "temperature": 0.8, "top_k": None, "seed": 3}
+    from_checkpoint = generate(str(pipelined / "checkpoints" / "checkpoint_0"), **sampling, out=io.StringIO())
+    assert from_checkpoint == generate(str(pipelined), **sampling, out=io.StringIO())
+    assert from_checkpoint.startswith("ROMEO:") and len(from_checkpoint) > 40
+    evaluated = run_cli("eval", str(pipelined), cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    (record,) = [json.loads(path.read_text()) for path in pipelined.glob("eval-*.json")]
+    assert record["eval/loss"] == metrics(pipelined)["eval/loss"]
 
     for checkpoint, step in (("checkpoint_0", 5), ("checkpoint_1", 10)):
         manifest = json.loads((run / "checkpoints" / checkpoint / "manifest.json").read_text())
