@@ -283,11 +283,11 @@ class FSDPConfig:
     cpu_offload: bool = False
     activation_checkpointing: bool = False
     state_dict: str = "sharded"  # sharded (every rank writes its shards) or full (gathered to rank 0)
-    # The device mesh, pp x dp_replicate x dp_shard x tp processes (runner.engine.ParallelismConfig).
+    # The device mesh, pp x dp_replicate x dp_shard x cp x tp processes (runner.engine.ParallelismConfig).
     dp_replicate: int = 1  # HSDP: groups that each hold a whole sharded copy of the model
     dp_shard: Any = DP_SHARD_AUTO  # an int, or "auto": the world size over dp_replicate * tp
     tp: int = 1  # tensor parallelism: processes that split each layer (and see the same batches)
-    cp: int = 1  # context parallelism: not supported yet
+    cp: int = 1  # context parallelism (CUDA only): processes that each hold a slice of every sequence
     # Module-name pattern -> colwise/rowwise/sequence; null: the model's own. Any, not dict[str, str] | None:
     # OmegaConf cannot set a mapping on the command line into a typed dict that is null.
     tp_plan: Any = None

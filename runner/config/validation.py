@@ -350,12 +350,15 @@ def _check_mesh(cfg: DictConfig) -> None:
         if key == "dp_shard" and value == DP_SHARD_AUTO:
             continue
         if type(value) is not int or value < 1:  # type(): true is an int, but not a number of processes
-            auto = f", or {DP_SHARD_AUTO} (the processes parallel.dp_replicate, parallel.tp and parallel.pp leave)"
+            auto = f", or {DP_SHARD_AUTO} (the processes parallel.dp_replicate, parallel.tp, cp and pp leave)"
             raise ConfigError(
                 f"parallel.{key}={value!r} must be a whole number of at least 1{auto if key == 'dp_shard' else ''}."
             )
-    if sizes["cp"] > 1:
-        raise ConfigError(f"parallel.cp={sizes['cp']}: context parallelism is not supported yet; set parallel.cp=1.")
+    if sizes["cp"] > 1 and sizes["pp"] > 1:
+        raise ConfigError(
+            f"parallel.cp={sizes['cp']} with parallel.pp={sizes['pp']}: context parallelism inside pipeline stages is "
+            "not supported; set one of them to 1."
+        )
     _check_world_size(cfg, sizes)
     if sizes["pp"] > 1:
         _check_pipeline(cfg, sizes["pp"])
@@ -380,8 +383,8 @@ def _check_world_size(cfg: DictConfig, sizes: dict[str, Any]) -> None:
     world = processes * nodes
     plural = "es" if world > 1 else ""
     launched = f"the {world} process{plural} (trainer.num_processes={processes} x trainer.num_nodes={nodes})"
-    shard, pp = sizes["dp_shard"], sizes["pp"]
-    others = ["dp_replicate", "tp"] + (["pp"] if pp > 1 else [])
+    shard = sizes["dp_shard"]
+    others = ["dp_replicate", "tp"] + [key for key in ("cp", "pp") if sizes[key] > 1]
     keys = " * ".join(f"parallel.{key}" for key in others)
     product = math.prod(sizes[key] for key in others)
     if shard == DP_SHARD_AUTO and world % product:
@@ -392,7 +395,7 @@ def _check_world_size(cfg: DictConfig, sizes: dict[str, Any]) -> None:
             f"{choose} whose product divides {world}, or change trainer.num_processes."
         )
     if shard != DP_SHARD_AUTO and product * shard != world:
-        names = ["dp_replicate", "dp_shard", "tp"] + (["pp"] if pp > 1 else [])
+        names = ["dp_replicate", "dp_shard", "tp"] + [key for key in ("cp", "pp") if sizes[key] > 1]
         values = " * ".join(str(sizes[key]) for key in names)
         raise ConfigError(
             f"{' * '.join(f'parallel.{key}' for key in names)} = {values} = {product * shard} does not match "
@@ -459,7 +462,17 @@ def check_devices(cfg: DictConfig) -> None:
 
 
 def check_hardware(cfg: DictConfig) -> None:
-    """Raise :class:`ConfigError` when the precision asks for hardware this machine lacks (imports torch)."""
+    """Raise :class:`ConfigError` when the precision or context parallelism asks for hardware this machine lacks
+    (imports torch)."""
+    cp = OmegaConf.select(cfg, "parallel.cp", default=1)
+    if type(cp) is int and cp > 1:
+        import torch
+
+        if cfg.trainer.cpu or not torch.cuda.is_available():
+            raise ConfigError(
+                f"parallel.cp={cp} needs CUDA GPUs: torch's context parallelism shards the attention of CUDA's "
+                "kernels only (the CPU's has no sharding rule); set parallel.cp=1, or run on GPUs."
+            )
     if cfg.trainer.mixed_precision != "fp8":
         return
     import torch

@@ -44,6 +44,7 @@ from runner.engine.parallel import (
     sync_in_next_backward,
     unwrap_module,
 )
+from runner.engine.parallel.context import group_mean, sequence_sharded
 from runner.engine.parallel.pipelined import PipelinedModel
 from runner.engine.precision import (
     AutocastKwargs,
@@ -352,12 +353,23 @@ class Accelerator(ProcessVerbs, CheckpointVerbs, TrackingVerbs):
         stage. Accumulation works as without pipelining (``accumulate`` around it); clip with
         :meth:`clip_grad_norm_`, which takes the norm across the stages.
 
+        Under context parallelism (``cp_size > 1``) the batch's sequences, and the positions the model is given
+        (``positions=`` or ``position_ids=``), are split across the ``cp`` processes for the step
+        (:mod:`runner.engine.parallel.context`); the loss returned is the group's mean.
+
         Example:
             >>> with accelerator.accumulate(model):
             ...     loss = accelerator.forward_backward(model, inputs, target=targets, loss_fn=F.cross_entropy)
             ...     optimizer.step()
             ...     optimizer.zero_grad()
         """
+        config = self.parallelism_config
+        if config is not None and config.cp_enabled and self.use_distributed:
+            mesh = self.torch_device_mesh["cp"]
+            with sequence_sharded(mesh, model, args, kwargs, target) as sharded:
+                loss = loss_fn(model(*args, **sharded), target)
+                self.backward(loss)
+            return group_mean(loss, mesh)
         if isinstance(model, PipelinedModel):
             factor = torch.ones((), device=self.device) / self.gradient_state.num_steps
             if self.scaler is not None:

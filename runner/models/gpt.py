@@ -148,17 +148,20 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, *, positions: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits ``(batch, time, vocab_size)`` for token ids ``idx`` ``(batch, time)``.
 
         With ``targets`` (the next token at each position, same shape as ``idx``) returns
-        ``(logits, loss)``, the loss being the mean cross-entropy over every position.
+        ``(logits, loss)``, the loss being the mean cross-entropy over every position. ``positions``
+        (``(time,)`` or ``(1, time)``) are the tokens' places in their sequence, ``0, 1, ...`` unless given:
+        under context parallelism a process holds a slice of each sequence, and the engine passes them.
         """
         time = idx.shape[1]
         if time > self.block_size:
             raise ValueError(f"A sequence of {time} tokens is longer than the model's block_size={self.block_size}.")
-        positions = torch.arange(time, device=idx.device)
+        if positions is None:
+            positions = torch.arange(time, device=idx.device)
         x = self.dropout(self.token_embedding(idx) + self.position_embedding(positions))
         for block in self.blocks:
             x = block(x)

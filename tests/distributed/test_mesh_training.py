@@ -6,6 +6,7 @@ One 2-process run (tp=2) and one 2-process run (dp_shard=2) share the checkpoint
 
 from pathlib import Path
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -209,3 +210,72 @@ def test_hybrid_sharding_on_four_processes_trains_as_one_process(launch):
         assert result["placements"] == ["R", "S(0)"]  # replicated across copies, sharded within
         torch.testing.assert_close(result["losses"], reference, rtol=0, atol=1e-5)
     assert sorted(sum((result["seen"] for result in results), [])) == sorted(reference_seen)
+
+
+class _TokenWise(torch.nn.Module):
+    """A model without attention, each token on its own with its position: context parallelism's sharding of the
+    sequence, positions and gradients runs on the CPU for it (torch shards CUDA's attention only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.place = torch.nn.Embedding(VOCAB, 32), torch.nn.Embedding(TIME, 32)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, VOCAB))
+
+    def forward(self, idx, positions=None):
+        positions = torch.arange(idx.shape[1]) if positions is None else positions
+        return self.mlp(self.embed(idx) + self.place(positions))
+
+
+def _token_loss(logits, targets):
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def _context_parallel() -> dict:
+    """cp=2: every sequence split between the 2 processes, 3 steps with accumulation over 2 micro-steps; a GPT's
+    attention refused on the CPU in one sentence."""
+    accelerator = Accelerator(gradient_accumulation_steps=2, parallelism_config=ParallelismConfig(cp_size=2))
+    model = _TokenWise()
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    losses, norms, shapes = [], [], set()
+    for idx, targets, _ in list(DataLoader(_data(), batch_size=BATCH))[:6]:
+        with accelerator.accumulate(model):
+            losses.append(accelerator.forward_backward(model, idx, target=targets, loss_fn=_token_loss).item())
+            norm = accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+        shapes.add((tuple(idx.shape), tuple(targets.shape)))  # restored after the step
+        if norm is not None:
+            norms.append(norm.item())
+    gpt = accelerator.prepare(_gpt())
+    try:
+        idx, targets, _ = _data()[:BATCH]
+        accelerator.forward_backward(gpt, idx, target=targets, loss_fn=_token_loss)
+        refused = None
+    except RuntimeError as error:
+        refused = str(error)
+    mesh = accelerator.torch_device_mesh
+    return {"losses": losses, "norms": norms, "shapes": shapes, "refused": refused, "mesh": mesh.mesh_dim_names}
+
+
+def test_context_parallel_steps_split_the_sequence_and_train_as_one_process(launch):
+    model = _TokenWise()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, norms = [], []
+    for step, (idx, targets, _) in enumerate(list(DataLoader(_data(), batch_size=BATCH))[:6], start=1):
+        loss = _token_loss(model(idx), targets)
+        (loss / 2).backward()
+        losses.append(loss.item())
+        if step % 2 == 0:
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item())
+            optimizer.step()
+            optimizer.zero_grad()
+    for result in launch(_context_parallel):
+        assert result["mesh"] == ("dp_replicate", "dp_shard", "cp", "tp")
+        assert result["losses"] == pytest.approx(losses, rel=0, abs=1e-6)  # the group's mean: the sequences'
+        assert result["norms"] == pytest.approx(norms, rel=0, abs=1e-6)
+        assert result["shapes"] == {((BATCH, TIME), (BATCH, TIME))}
+        assert result["refused"] == (
+            "parallel.cp shards attention with CUDA's kernels only, and this model's attention runs on the CPU (torch "
+            "has no sharding rule for it); set parallel.cp=1, or run on GPUs."
+        )

@@ -71,10 +71,11 @@ def select_strategy(
 
             plugin = fsdp_plugin or FullyShardedDataParallelPlugin()
             return PipelineStrategy(env, plugin, param_dtype, parallelism_config, precision)
-        if fsdp_plugin is None and (parallelism_config.tp_enabled or parallelism_config.dp_shard_enabled):
+        splits = parallelism_config.tp_enabled or parallelism_config.cp_enabled
+        if fsdp_plugin is None and (splits or parallelism_config.dp_shard_enabled):
             fsdp_plugin = FullyShardedDataParallelPlugin()
         if fsdp_plugin is not None:
-            plain = not parallelism_config.tp_enabled and not parallelism_config.dp_replicate_enabled
+            plain = not splits and not parallelism_config.dp_replicate_enabled
             return FSDPStrategy(env, fsdp_plugin, param_dtype, None if plain else parallelism_config)
     if fsdp_plugin is not None:
         return FSDPStrategy(env, fsdp_plugin, param_dtype)

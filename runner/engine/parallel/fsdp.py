@@ -45,7 +45,7 @@ from runner.engine.parallel.base import (
     save_whole_state,
     unwrap_module,
 )
-from runner.engine.parallel.mesh import ParallelismConfig
+from runner.engine.parallel.mesh import CONTEXT_DIM_NAME, SHARD_AND_CONTEXT_DIM_NAME, ParallelismConfig
 
 
 @dataclass
@@ -115,12 +115,16 @@ class FSDPStrategy:
     def _shard_mesh(self):
         if self.parallelism is None:
             return self.device_mesh
-        return self.device_mesh[self.parallelism.fsdp_dim_names]
+        names = self.parallelism.fsdp_dim_names
+        if names == (SHARD_AND_CONTEXT_DIM_NAME,):  # looked up where it was made (torch deprecates slicing it)
+            return self.device_mesh[("dp_shard", CONTEXT_DIM_NAME)]._flatten(SHARD_AND_CONTEXT_DIM_NAME)
+        return self.device_mesh[names]
 
     @property
     def data_parallel_group(self):
         """The process group of the ranks that read different batches (None: every process does)."""
-        if self.parallelism is None or not self.parallelism.tp_enabled or not self.env.is_distributed:
+        config = self.parallelism
+        if config is None or not (config.tp_enabled or config.cp_enabled) or not self.env.is_distributed:
             return None
         from runner.engine.parallel.mesh import data_parallel_mesh
 
@@ -162,7 +166,8 @@ class FSDPStrategy:
         names = set(self.plugin.transformer_cls_names_to_wrap)
         if self.parallelism is not None and self.parallelism.tp_enabled:
             self._tensor_parallel(model)
-        if self.parallelism is not None and self.parallelism.data_parallel_size == 1:
+        config = self.parallelism
+        if config is not None and config.data_parallel_size == 1 and not config.cp_enabled:
             return model  # tensor parallelism or pipeline stages alone: no data-parallel rank to shard across
         units = [m for m in model.modules() if type(m).__name__ in names and m is not model]
         if self.plugin.activation_checkpointing:

@@ -26,6 +26,8 @@ from typing import Any
 
 MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
 PIPELINE_DIM_NAME = "pp"  # the outermost dimension, when pp_size > 1
+CONTEXT_DIM_NAME = "cp"  # between dp_shard and tp, when cp_size > 1
+SHARD_AND_CONTEXT_DIM_NAME = "dp_shard_cp"  # flattened: FSDP shards over both, and averages gradients over both
 DATA_PARALLEL_DIM_NAME = "dp"  # the flattened (dp_replicate, dp_shard) submesh
 SHARD_AND_TP_DIM_NAME = "dp_shard_tp"  # flattened so that reducing over both (a gradient norm) is one all-reduce
 REST_OF_THE_WORLD = "auto"  # dp_shard_size: the processes the other dimensions leave
@@ -54,7 +56,10 @@ class ParallelismConfig:
             ``"auto"`` (or ``None`` or ``-1``) takes whatever the other sizes leave of the world size.
         tp_size: Processes that split each layer of the model (tensor parallelism); they see the same
             batch.
-        cp_size: Context parallelism; reserved (Accelerate has the field), only 1 is supported.
+        cp_size: Context parallelism: processes that each hold a slice of every sequence (torch's
+            ``context_parallel``: the inputs sharded along the sequence, attention computed ring-wise); they read
+            the same batch, and FSDP shards the model over ``dp_shard x cp``. CUDA only: torch has no sharding
+            rule for the CPU's attention kernels.
         tp_plan: How tensor parallelism splits the model: module-name patterns (``*`` matches one
             name segment) to ``"colwise"``, ``"rowwise"`` or ``"sequence"`` (or torch ``ParallelStyle``
             objects); None takes the model class's own ``tp_plan`` (see
@@ -70,8 +75,8 @@ class ParallelismConfig:
         pp_stages_per_rank: Stages each process holds under a multi-stage schedule (2 for the V-shaped one).
 
     Raises:
-        ValueError: A size is not a whole number of at least 1, ``cp_size > 1``, an unknown schedule, or
-            micro-batches the schedule cannot run.
+        ValueError: A size is not a whole number of at least 1, ``cp_size > 1`` with pipeline stages, an unknown
+            schedule, or micro-batches the schedule cannot run.
 
     Example:
         >>> config = ParallelismConfig(dp_shard_size="auto", tp_size=2).resolve(world_size=8)
@@ -109,10 +114,11 @@ class ParallelismConfig:
             )  # fmt: skip
         if not _is_rest(self.dp_shard_size):
             _check_size("dp_shard_size", self.dp_shard_size)
-        if self.cp_size > 1:
+        if self.cp_enabled and self.pp_enabled:
             raise ValueError(
-                f"cp_size={self.cp_size} ({_CONFIG_KEYS['cp_size']}): context parallelism is not supported yet; "
-                f"set {_CONFIG_KEYS['cp_size']}=1."
+                f"cp_size={self.cp_size} ({_CONFIG_KEYS['cp_size']}) with pp_size={self.pp_size} "
+                f"({_CONFIG_KEYS['pp_size']}): context parallelism inside pipeline stages is not supported; set one "
+                "of them to 1."
             )
 
     def resolve(self, world_size: int) -> ParallelismConfig:
@@ -124,21 +130,23 @@ class ParallelismConfig:
         Raises:
             ValueError: The sizes' product is not ``world_size``.
         """
-        pp = " * pp_size" if self.pp_enabled else ""
         if _is_rest(self.dp_shard_size):
+            names = ["dp_replicate_size", "tp_size"]
+            names += [name for name, on in (("cp_size", self.cp_enabled), ("pp_size", self.pp_enabled)) if on]
             others = self.dp_replicate_size * self.tp_size * self.cp_size * self.pp_size
             if world_size % others:
+                keys = [_CONFIG_KEYS[name] for name in names]
                 raise ValueError(
                     f"dp_shard_size={REST_OF_THE_WORLD!r} ({_CONFIG_KEYS['dp_shard_size']}) needs the {world_size} "
-                    f"processes to divide by dp_replicate_size * tp_size{pp} = {others}; choose "
-                    f"{_CONFIG_KEYS['dp_replicate_size']}{',' if pp else ' and'} {_CONFIG_KEYS['tp_size']}"
-                    f"{' and ' + _CONFIG_KEYS['pp_size'] if pp else ''} whose product divides the number of processes."
+                    f"processes to divide by {' * '.join(names)} = {others}; choose {', '.join(keys[:-1])} and "
+                    f"{keys[-1]} whose product divides the number of processes."
                 )
             return dataclasses.replace(self, dp_shard_size=world_size // others)
         if self.total_size == 1 and world_size > 1:
             return dataclasses.replace(self, dp_replicate_size=world_size)
         if self.total_size != world_size:
-            names = ["dp_replicate_size", "dp_shard_size", "tp_size"] + (["pp_size"] if self.pp_enabled else [])
+            names = ["dp_replicate_size", "dp_shard_size", "tp_size"]
+            names += [name for name, on in (("cp_size", self.cp_enabled), ("pp_size", self.pp_enabled)) if on]
             product = " * ".join(names)
             values = " * ".join(str(getattr(self, name)) for name in names)
             keys = " * ".join(_CONFIG_KEYS[name] for name in names)
@@ -210,17 +218,18 @@ class ParallelismConfig:
 
     @property
     def mesh_dim_names(self) -> tuple[str, ...]:
-        """The mesh's dimensions: :data:`MESH_DIM_NAMES`, after ``"pp"`` when there are several stages."""
-        return ((PIPELINE_DIM_NAME,) if self.pp_enabled else ()) + MESH_DIM_NAMES
+        """The mesh's dimensions: :data:`MESH_DIM_NAMES`, after ``"pp"`` when there are several stages, with
+        ``"cp"`` before ``"tp"`` under context parallelism."""
+        pp = (PIPELINE_DIM_NAME,) if self.pp_enabled else ()
+        cp = (CONTEXT_DIM_NAME,) if self.cp_enabled else ()
+        return (*pp, *MESH_DIM_NAMES[:2], *cp, MESH_DIM_NAMES[2])
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
         """The mesh's sizes along :attr:`mesh_dim_names`."""
-        return ((self.pp_size,) if self.pp_enabled else ()) + (
-            self.dp_replicate_size,
-            self._dp_shard_size,
-            self.tp_size,
-        )
+        pp = (self.pp_size,) if self.pp_enabled else ()
+        cp = (self.cp_size,) if self.cp_enabled else ()
+        return (*pp, self.dp_replicate_size, self._dp_shard_size, *cp, self.tp_size)
 
     @property
     def dp_dim_names(self) -> tuple[str, str]:
@@ -229,8 +238,10 @@ class ParallelismConfig:
 
     @property
     def fsdp_dim_names(self) -> tuple[str, ...]:
-        """The submesh to give ``fully_shard``: 2-D (replicate, shard) for HSDP, else the shard dimension."""
-        return MESH_DIM_NAMES[:2] if self.dp_replicate_enabled else MESH_DIM_NAMES[1:2]
+        """The submesh to give ``fully_shard``: 2-D (replicate, shard) for HSDP, else the shard dimension; the shard
+        dimension flattened with ``cp`` under context parallelism (each context rank's gradients are its slice's)."""
+        shard = SHARD_AND_CONTEXT_DIM_NAME if self.cp_enabled else MESH_DIM_NAMES[1]
+        return (MESH_DIM_NAMES[0], shard) if self.dp_replicate_enabled else (shard,)
 
     def data_parallel_rank(self, rank: int) -> int:
         """Which data-parallel rank global ``rank`` is (the same for every process of one TP group, and for every
@@ -250,7 +261,8 @@ class ParallelismConfig:
 
         Dimensions are named :attr:`mesh_dim_names`, with two flattened submeshes: ``"dp"`` (see
         :func:`data_parallel_mesh`) and ``"dp_shard_tp"``, which DTensor finds by itself to reduce a
-        2-D sharded gradient's norm in one all-reduce rather than two. A collective: every process
+        2-D sharded gradient's norm in one all-reduce rather than two; with ``cp``, ``"dp_shard_cp"`` too
+        (FSDP's, :attr:`fsdp_dim_names`), and ``"dp_shard_tp"`` spans ``cp`` as well. A collective: every process
         must call it, in the same order relative to other collectives.
 
         Args:
@@ -280,7 +292,11 @@ class ParallelismConfig:
         mesh = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=self.mesh_dim_names)
         # The flattened groups are created now, on every rank: creating one later on some ranks only would hang.
         mesh[self.dp_dim_names]._flatten(DATA_PARALLEL_DIM_NAME)
-        mesh[MESH_DIM_NAMES[1:]]._flatten(SHARD_AND_TP_DIM_NAME)
+        if self.cp_enabled:
+            mesh[(MESH_DIM_NAMES[1], CONTEXT_DIM_NAME)]._flatten(SHARD_AND_CONTEXT_DIM_NAME)
+            mesh[(MESH_DIM_NAMES[1], CONTEXT_DIM_NAME, MESH_DIM_NAMES[2])]._flatten(SHARD_AND_TP_DIM_NAME)
+        else:
+            mesh[MESH_DIM_NAMES[1:]]._flatten(SHARD_AND_TP_DIM_NAME)
         return mesh
 
     @property

@@ -334,6 +334,18 @@ def test_more_processes_than_gpus_is_refused_before_anything_starts(monkeypatch)
     check_devices(composed("experiment=mnist"))
 
 
+def test_context_parallelism_on_the_cpu_is_refused_before_launch():
+    from runner.config.validation import check_hardware
+
+    with pytest.raises(ConfigError) as error:
+        check_hardware(composed("experiment=shakespeare_gpt_fsdp", "parallel.cp=2", "trainer.cpu=true"))
+    assert str(error.value) == (
+        "parallel.cp=2 needs CUDA GPUs: torch's context parallelism shards the attention of CUDA's kernels only (the "
+        "CPU's has no sharding rule); set parallel.cp=1, or run on GPUs."
+    )
+    check_hardware(composed("experiment=shakespeare_gpt_fsdp", "trainer.cpu=true"))
+
+
 def _fsdp(*overrides: str) -> list[str]:
     return ["experiment=mnist_fsdp", f"data.root={MNIST}", *overrides]
 
@@ -346,19 +358,29 @@ def _fsdp(*overrides: str) -> list[str]:
         (
             _fsdp("parallel.dp_shard=0"),
             "parallel.dp_shard=0 must be a whole number of at least 1, or auto (the processes parallel.dp_replicate, "
-            "parallel.tp and parallel.pp leave).",
+            "parallel.tp, cp and pp leave).",
         ),
         (
             _fsdp("parallel.dp_shard=half"),
             "parallel.dp_shard='half' must be a whole number of at least 1, or auto (the processes "
-            "parallel.dp_replicate, parallel.tp and parallel.pp leave).",
+            "parallel.dp_replicate, parallel.tp, cp and pp leave).",
         ),
         (
             _fsdp("parallel.dp_shard=1.5"),
             "parallel.dp_shard=1.5 must be a whole number of at least 1, or auto (the processes parallel.dp_replicate, "
-            "parallel.tp and parallel.pp leave).",
+            "parallel.tp, cp and pp leave).",
         ),
-        (_fsdp("parallel.cp=2"), "parallel.cp=2: context parallelism is not supported yet; set parallel.cp=1."),
+        (
+            _fsdp("parallel.cp=2", "parallel.pp=2"),
+            "parallel.cp=2 with parallel.pp=2: context parallelism inside pipeline stages is not supported; set one "
+            "of them to 1.",
+        ),
+        (
+            _fsdp("parallel.cp=3"),
+            "parallel.dp_shard=auto needs parallel.dp_replicate * parallel.tp * parallel.cp = 1 * 1 * 3 = 3 to divide "
+            "the 2 processes (trainer.num_processes=2 x trainer.num_nodes=1); choose parallel.dp_replicate, "
+            "parallel.tp and parallel.cp whose product divides 2, or change trainer.num_processes.",
+        ),
         (
             _fsdp("parallel.dp_shard=2", "parallel.tp=2"),
             "parallel.dp_replicate * parallel.dp_shard * parallel.tp = 1 * 2 * 2 = 4 does not match the 2 processes "
@@ -448,15 +470,18 @@ def test_a_mesh_is_valid_exactly_when_the_engine_resolves_it(monkeypatch):
     assert PP_SINGLE_STAGE_SCHEDULES == tuple(name for name, (_, layout) in SCHEDULES.items() if layout == "single")
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     cfg = composed("experiment=mnist_fsdp")
-    sizes = itertools.product([1, 2, 3], ["auto", 1, 2, 3], [1, 2, 4], [1, 2], [1, 2, 4, 6, 8])
-    for replicate, shard, tp, pp, world in sizes:
-        if (replicate, shard, tp, pp) == (1, 1, 1, 1) and world > 1:
+    sizes = itertools.product([1, 2, 3], ["auto", 1, 2, 3], [1, 2, 4], [1, 2], [1, 2], [1, 2, 4, 6, 8])
+    for replicate, shard, tp, cp, pp, world in sizes:
+        if (replicate, shard, tp, cp, pp) == (1, 1, 1, 1, 1) and world > 1:
             continue  # the engine takes it for plain replication (Accelerate's rule); the config asks for dp_shard
-        for key, value in {"dp_replicate": replicate, "dp_shard": shard, "tp": tp, "pp": pp}.items():
+        mesh = {"dp_replicate": replicate, "dp_shard": shard, "tp": tp, "cp": cp, "pp": pp}
+        for key, value in mesh.items():
             OmegaConf.update(cfg, f"parallel.{key}", value)
         cfg.trainer.num_processes = world
         try:
-            ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=shard, tp_size=tp, pp_size=pp).resolve(world)
+            ParallelismConfig(
+                dp_replicate_size=replicate, dp_shard_size=shard, tp_size=tp, cp_size=cp, pp_size=pp
+            ).resolve(world)
             resolves = True
         except ValueError:
             resolves = False
@@ -465,7 +490,7 @@ def test_a_mesh_is_valid_exactly_when_the_engine_resolves_it(monkeypatch):
             valid = True
         except ConfigError:
             valid = False
-        assert valid == resolves, (replicate, shard, tp, pp, world)
+        assert valid == resolves, (replicate, shard, tp, cp, pp, world)
 
 
 def test_an_fsdp_config_saved_before_the_mesh_keys_is_still_valid():

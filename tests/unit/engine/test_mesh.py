@@ -55,6 +55,23 @@ def test_pipeline_stages_are_the_outermost_dimension_and_read_the_same_batches()
     assert ParallelismConfig(pp_size=1).mesh_dim_names == MESH_DIM_NAMES  # no pp dimension without stages
 
 
+def test_context_parallel_ranks_sit_between_the_shards_and_tensor_parallelism_and_shard_with_them():
+    config = ParallelismConfig(dp_shard_size="auto", cp_size=2, tp_size=2).resolve(world_size=8)
+    assert config.mesh_dim_names == ("dp_replicate", "dp_shard", "cp", "tp") and config.mesh_shape == (1, 2, 2, 2)
+    assert (config.data_parallel_size, config.non_data_parallel_size) == (2, 4)  # a cp group reads one batch
+    assert [config.data_parallel_rank(rank) for rank in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert config.fsdp_dim_names == ("dp_shard_cp",)  # FSDP averages the slices' gradients too
+    hybrid = ParallelismConfig(dp_replicate_size=2, dp_shard_size=1, cp_size=2).resolve(world_size=4)
+    assert hybrid.fsdp_dim_names == ("dp_replicate", "dp_shard_cp")
+    with pytest.raises(ValueError) as error:
+        ParallelismConfig(dp_shard_size="auto", cp_size=3).resolve(world_size=4)
+    assert str(error.value) == (
+        "dp_shard_size='auto' (parallel.dp_shard) needs the 4 processes to divide by dp_replicate_size * tp_size * "
+        "cp_size = 3; choose parallel.dp_replicate, parallel.tp and parallel.cp whose product divides the number of "
+        "processes."
+    )
+
+
 @pytest.mark.parametrize(
     ("sizes", "message"),
     [
@@ -110,8 +127,9 @@ def test_an_unresolved_config_says_so():
             "tp_size=True (parallel.tp) must be a whole number of at least 1.",
         ),
         (
-            {"cp_size": 2},
-            "cp_size=2 (parallel.cp): context parallelism is not supported yet; set parallel.cp=1.",
+            {"cp_size": 2, "pp_size": 2},
+            "cp_size=2 (parallel.cp) with pp_size=2 (parallel.pp): context parallelism inside pipeline stages is not "
+            "supported; set one of them to 1.",
         ),
     ],
 )
