@@ -201,6 +201,7 @@ def _hybrid_sharded() -> dict:
     return {"losses": losses, "seen": seen, "mesh": (mesh.mesh_dim_names, tuple(mesh.shape)), "placements": placements}
 
 
+@pytest.mark.xdist_group("four_workers")  # one test process, so one launch of the shared 4-worker group
 def test_hybrid_sharding_on_four_processes_trains_as_one_process(launch):
     model, optimizer, loader = _prepared(Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin()))
     reference, reference_seen = _steps(Accelerator(), model, optimizer, iter(loader), 4)

@@ -292,6 +292,7 @@ def _pipelines_of_four(directory: str) -> dict:
     return result
 
 
+@pytest.mark.xdist_group("four_workers")  # one test process, so one launch of the shared 4-worker group
 def test_pipelined_training_matches_one_process_and_its_checkpoints_load_on_any_layout(launch, tmp_path):
     batches = _batches(STEPS * ACCUMULATION)
     one = _reference(batches, ACCUMULATION)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -37,7 +38,7 @@ from runner.engine.checkpoint.errors import CheckpointError
 from runner.engine.constants import indexed_name
 from runner.engine.distributed import DistributedEnvironment
 from runner.engine.parallel.base import CheckpointReader, CheckpointWriter, load_sharded_state, unwrap_module
-from runner.engine.parallel.fsdp import FSDPStrategy, FullyShardedDataParallelPlugin
+from runner.engine.parallel.fsdp import FSDPStrategy, FullyShardedDataParallelPlugin, _no_gradient_sync
 from runner.engine.parallel.mesh import PIPELINE_DIM_NAME, ParallelismConfig
 from runner.engine.parallel.pipeline import (
     PipelinePlan,
@@ -205,7 +206,7 @@ class PipelinedModel(nn.Module):
         model = copy.deepcopy(self.whole_on_meta)
         buffers = self.whole_on_meta._non_persistent  # kept aside: to_empty gives them no values
         model.to_empty(device=self.device)
-        model.load_state_dict(state, strict=False)
+        model.load_state_dict(state)
         for name, value in buffers.items():
             _set_tensor(model, name, value.to(self.device))
         return model
@@ -283,8 +284,6 @@ def stage_view(module: nn.Module, plan: PipelinePlan, units: Sequence[str]) -> n
                     del parent._modules[name]
                 else:
                     parent._modules[name] = None
-    import types
-
     view.forward = types.MethodType(plan.stage_forward, view)
     return view
 
@@ -356,7 +355,9 @@ class PipelineStrategy(FSDPStrategy):
         """The plan's patterns that name a module of this stage (a stage holds some blocks, or none)."""
         from runner.engine.parallel.tensor_parallel import _matches, apply_tensor_parallel, default_tp_plan
 
-        plan = self.parallelism.tp_plan or default_tp_plan(model) or {}
+        plan = self.parallelism.tp_plan or default_tp_plan(model)
+        if not plan:
+            super()._tensor_parallel(model)  # its sentence: the model has no plan
         names = [name for name, _ in model.named_modules()]
         plan = {pattern: style for pattern, style in plan.items() if any(_matches(pattern, name) for name in names)}
         apply_tensor_parallel(model, self.device_mesh["tp"], plan)
@@ -386,17 +387,19 @@ class PipelineStrategy(FSDPStrategy):
     def preparing_models(
         self, models: Sequence[nn.Module], optimizers: Sequence[torch.optim.Optimizer]
     ) -> Iterator[None]:
-        names = {
-            id(parameter): (id(model), name)
-            for model in models
-            for name, parameter in unwrap_module(model).named_parameters(remove_duplicate=False)
-        }
-        every_name: dict[int, list[str]] = {}
+        """After ``prepare`` cut the models, ``optimizers`` hold the parameters this process's stages hold (under
+        any of the names a parameter had: a tied head's, on the stage without the embedding) and no others."""
+        names: dict[int, list[str]] = {}  # every name of each parameter of the whole models
+        owners: dict[int, int] = {}
         for model in models:
             for name, parameter in unwrap_module(model).named_parameters(remove_duplicate=False):
-                every_name.setdefault(id(parameter), []).append(name)
-        owners = {id(parameter): id(model) for model in models for parameter in model.parameters()}
+                names.setdefault(id(parameter), []).append(name)
+                owners[id(parameter)] = id(model)
         yield
+        held = {
+            key: dict(pipelined.module.named_parameters(remove_duplicate=False))
+            for key, pipelined in self._pipelined.items()
+        }
         for optimizer in optimizers:
             if optimizer.state and any(id(p) in names for group in optimizer.param_groups for p in group["params"]):
                 raise ValueError(
@@ -407,18 +410,16 @@ class PipelineStrategy(FSDPStrategy):
                 kept: dict[int, nn.Parameter] = {}
                 for parameter in group["params"]:
                     if id(parameter) not in names:
-                        kept[id(parameter)] = parameter
+                        kept[id(parameter)] = parameter  # not a prepared model's: left as it is
                         continue
-                    held = dict(self._pipelined[owners[id(parameter)]].module.named_parameters(remove_duplicate=False))
-                    for name in every_name[id(parameter)]:
-                        if name in held:
-                            kept.setdefault(id(held[name]), held[name])
+                    stage = held[owners[id(parameter)]]
+                    for name in names[id(parameter)]:
+                        if name in stage:
+                            kept.setdefault(id(stage[name]), stage[name])
                 group["params"] = list(kept.values())
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         stack = contextlib.ExitStack()
-        from runner.engine.parallel.fsdp import _no_gradient_sync
-
         for view in getattr(model, "views", {}).values():
             stack.enter_context(_no_gradient_sync(view))
         return stack
