@@ -254,6 +254,15 @@ def _pipelines_of_two(directory: str) -> dict:
     result["ddp_loaded"] = {name: tensor.clone() for name, tensor in model.module.state_dict().items()}
     result["ddp_losses"] = _train(accelerator, model, optimizer, batches[head:])[0]
 
+    # Saved by FSDP2 over these 2 (its optimizer by parameter group), resumed in 2 stages: the same next steps.
+    accelerator, model, optimizer = _prepared(dp_shard_size=2)  # each process the whole batch: one process's steps
+    _train(accelerator, model, optimizer, batches[:SAVED_AFTER])
+    accelerator.save_state(root / "fsdp")
+    result["fsdp_next"] = _train(accelerator, model, optimizer, batches[SAVED_AFTER : 2 * SAVED_AFTER])[0]
+    accelerator, model, optimizer = _prepared(pp_size=2)
+    accelerator.load_state(root / "fsdp")
+    result["pp_from_fsdp"] = _train(accelerator, model, optimizer, batches[SAVED_AFTER : 2 * SAVED_AFTER])[0]
+
     # Saved with pp=2 x dp_shard=2 on 4 processes, loaded by FSDP2 over these 2.
     accelerator, model, optimizer = _prepared(dp_shard_size=2)
     accelerator.load_state(root / "pp2_dp2")
@@ -325,6 +334,7 @@ def test_pipelined_training_matches_one_process_and_its_checkpoints_load_on_any_
         saved = two[0]["saved"]
         assert [name for name, tensor in rank["ddp_loaded"].items() if not torch.equal(tensor, saved[name])] == []
         assert rank["ddp_losses"] == pytest.approx(rank["losses"][SAVED_AFTER * ACCUMULATION :], **tolerance)
+        assert rank["pp_from_fsdp"] == pytest.approx(rank["fsdp_next"], **tolerance)  # the optimizer's state too
     # Hugging Face's GPT-2 cut by its registered plan, against its own loss; a user's ModuleList model.
 
     gpt2, stack = _gpt2(), _Stack()

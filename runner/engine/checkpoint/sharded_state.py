@@ -288,8 +288,11 @@ def save_sharded(
 
 
 def _renamed(state: dict[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
-    """A flattened optimizer state with the parameters ``names`` maps renamed (``state.<old>.x`` becomes
-    ``state.<new>.x``)."""
+    """An optimizer state with the parameters ``names`` maps renamed: flattened (``state.<old>.x`` becomes
+    ``state.<new>.x``) or by parameter group (``state[<old>]`` becomes ``state[<new>]``, and in the groups)."""
+    if isinstance(state.get("state"), dict):
+        groups = [{**group, "params": [names.get(p, p) for p in group["params"]]} for group in state["param_groups"]]
+        return {"state": {names.get(k, k): v for k, v in state["state"].items()}, "param_groups": groups}
     renamed = {}
     for key, value in state.items():
         for old, new in names.items():
@@ -398,12 +401,13 @@ def load_optimizer(
     models: Sequence[nn.Module],
     *,
     listed: Collection[str] = (),
-    flatten: bool | None = None,
     aliases: Mapping[str, str] | None = None,
 ) -> None:
     """Load a DCP folder (whose files the manifest lists as ``listed``), or a full optimizer state dict, into a
-    prepared optimizer. ``flatten`` and ``aliases`` as for :func:`save_sharded`; ``flatten`` None reads the state
-    as it was written."""
+    prepared optimizer. A folder's state is read as it was written, flattened by parameter name or not (see
+    :func:`save_sharded`); ``aliases`` as there. A state written by parameter group (not flattened) names each
+    group's parameters as the model that wrote it held them: the groups' settings are read, and the parameters each
+    group holds here are kept (a pipeline stage holds some of the whole model's)."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     inner = optimizer.optimizer
@@ -411,10 +415,10 @@ def load_optimizer(
     if isinstance(source, dict):
         set_optimizer_state_dict(model, inner, source, options=_options(True))
     else:
-        if flatten is None:
-            flatten = flattened_optimizer(source, listed)
+        flatten = flattened_optimizer(source, listed)
         options = _options(False, flatten=flatten)
         state = get_optimizer_state_dict(model, inner, options=options)
+        held = None if flatten else [list(group["params"]) for group in state["param_groups"]]
         if aliases:
             state = _renamed(state, aliases)
         state = {"optimizer": state}
@@ -422,6 +426,9 @@ def load_optimizer(
         loaded = state["optimizer"]
         if aliases:
             loaded = _renamed(loaded, {new: old for old, new in aliases.items()})
+        if held is not None:  # each group's parameters as this optimizer holds them
+            for group, params in zip(loaded["param_groups"], held, strict=True):
+                group["params"] = params
         set_optimizer_state_dict(model, inner, loaded, options=options)
     for group in inner.param_groups:  # torch's loader hands tuples (Adam's betas) back as lists
         for key, default in inner.defaults.items():

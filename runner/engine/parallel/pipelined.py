@@ -513,7 +513,7 @@ class PipelineStrategy(FSDPStrategy):
         self, checkpoint: CheckpointReader, models: Sequence[nn.Module], optimizers: Sequence[Any]
     ) -> None:
         modules = [unwrap_module(model) for model in models]
-        load_sharded_state(checkpoint, modules, optimizers, flatten=True, aliases=self._alias_names(modules))
+        load_sharded_state(checkpoint, modules, optimizers, aliases=self._alias_names(modules))
 
     def _alias_names(self, modules: Sequence[nn.Module]) -> dict[str, str]:
         """Tied parameters held here only by their alias: alias -> canonical name, the optimizer state's key."""
