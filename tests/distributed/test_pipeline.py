@@ -1,7 +1,10 @@
-"""Pipeline parallelism on gloo: a GPT cut into 2 stages by its plan, one stage per process, run by torch's schedules.
+"""Pipeline parallelism on gloo: a GPT cut into stages by its plan, run by torch's schedules, alone and through the
+engine (``Accelerator.forward_backward``), on the shared 2- and 4-worker groups.
 
-Each schedule's step is compared with the whole model's forward and backward in this (the test's) process on the
-same global batch: the loss and every parameter's gradient, under its own name, up to the order of float sums.
+Every run is compared with the whole model in this (the test's) process on the same global batch: losses, gradient
+norms and weights, under their own names, up to the order of float sums (1e-6 for one step, 1e-5 over a few AdamW
+steps); a resume on the same layout is compared bit for bit, and checkpoints loaded on other layouts weight for
+weight.
 """
 
 import pytest
@@ -275,8 +278,8 @@ def _pipelines_of_two(directory: str) -> dict:
 
 
 def _pipelines_of_four(directory: str) -> dict:
-    """On 4 processes: 2 stages x 2-way FSDP2 (each data-parallel rank half the batch), 2 stages x 2-way tensor
-    parallelism, and 4 stages."""
+    """On 4 processes: 2 stages x 2-way FSDP2 (each data-parallel rank half the batch), x 2 replicas, x 2-way tensor
+    parallelism (1F1B), and 4 stages (GPipe)."""
     from pathlib import Path
 
     result = {}
@@ -295,7 +298,7 @@ def _pipelines_of_four(directory: str) -> dict:
     result["pp_tp_placements"] = sorted({str(p.placements) for p in model.parameters()})
     accelerator, model, optimizer = _prepared(pp_size=2, dp_replicate_size=2, pp_microbatches=2)
     result["pp_replicas"] = _train(accelerator, model, optimizer, halves)
-    accelerator, model, optimizer = _prepared(pp_size=4)
+    accelerator, model, optimizer = _prepared(pp_size=4, pp_schedule="gpipe")  # the others above run 1F1B
     result["pp4"] = _train(accelerator, model, optimizer, batches)
     result["pp4_names"] = sorted(name for name, _ in model.module.named_parameters(remove_duplicate=False))
     return result
