@@ -354,6 +354,12 @@ def _check_mesh(cfg: DictConfig) -> None:
             raise ConfigError(
                 f"parallel.{key}={value!r} must be a whole number of at least 1{auto if key == 'dp_shard' else ''}."
             )
+    if sizes["cp"] > 1 and RECIPES.get(cfg.recipe) != RECIPES["language_model"]:
+        raise ConfigError(
+            f"parallel.cp={sizes['cp']} runs with recipe=language_model, whose targets are the next tokens aligned "
+            f"with the inputs; recipe={cfg.recipe}'s loss may shift its labels inside (loss=model does), which would "
+            "pair tokens across the processes' slices of a sequence. Set parallel.cp=1."
+        )
     if sizes["cp"] > 1 and sizes["pp"] > 1:
         raise ConfigError(
             f"parallel.cp={sizes['cp']} with parallel.pp={sizes['pp']}: context parallelism inside pipeline stages is "

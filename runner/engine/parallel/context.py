@@ -6,7 +6,9 @@ the targets) and the tokens' positions are sharded along the sequence (dimension
 load-balanced order (each process takes two chunks, one from each end, so causal attention costs each the same),
 and the model's ``scaled_dot_product_attention`` becomes the ring's. The model must take the positions, since its
 slice is not the sequence's start: a ``positions=`` keyword (``runner.models.GPT``) or ``position_ids=``
-(Hugging Face's models). Each process's loss is its slice's mean; FSDP averages the gradients over
+(Hugging Face's models). The loss must compare each position's output with that position's target: targets
+shifted before the step (a language model's next tokens), never inside the loss, which would pair tokens across
+slices. Each process's loss is its slice's mean; FSDP averages the gradients over
 ``dp_shard x cp`` (:attr:`~runner.engine.parallel.mesh.ParallelismConfig.fsdp_dim_names`), which makes them the
 whole sequence's, and the loss reported is the mean over the group.
 

@@ -371,12 +371,18 @@ def _fsdp(*overrides: str) -> list[str]:
             "parallel.tp, cp and pp leave).",
         ),
         (
-            _fsdp("parallel.cp=2", "parallel.pp=2"),
+            ["experiment=shakespeare_gpt_fsdp", "parallel.cp=2", "parallel.pp=2"],
             "parallel.cp=2 with parallel.pp=2: context parallelism inside pipeline stages is not supported; set one "
             "of them to 1.",
         ),
         (
-            _fsdp("parallel.cp=3"),
+            _fsdp("parallel.cp=2"),
+            "parallel.cp=2 runs with recipe=language_model, whose targets are the next tokens aligned with the "
+            "inputs; recipe=supervised's loss may shift its labels inside (loss=model does), which would pair tokens "
+            "across the processes' slices of a sequence. Set parallel.cp=1.",
+        ),
+        (
+            ["experiment=shakespeare_gpt_fsdp", "parallel.cp=3"],
             "parallel.dp_shard=auto needs parallel.dp_replicate * parallel.tp * parallel.cp = 1 * 1 * 3 = 3 to divide "
             "the 2 processes (trainer.num_processes=2 x trainer.num_nodes=1); choose parallel.dp_replicate, "
             "parallel.tp and parallel.cp whose product divides 2, or change trainer.num_processes.",
@@ -469,7 +475,7 @@ def test_a_mesh_is_valid_exactly_when_the_engine_resolves_it(monkeypatch):
     assert PP_SCHEDULES == tuple(SCHEDULES)
     assert PP_SINGLE_STAGE_SCHEDULES == tuple(name for name, (_, layout) in SCHEDULES.items() if layout == "single")
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
-    cfg = composed("experiment=mnist_fsdp")
+    cfg = composed("experiment=shakespeare_gpt_fsdp")  # a recipe that takes every size, context parallelism too
     sizes = itertools.product([1, 2, 3], ["auto", 1, 2, 3], [1, 2, 4], [1, 2], [1, 2], [1, 2, 4, 6, 8])
     for replicate, shard, tp, cp, pp, world in sizes:
         if (replicate, shard, tp, cp, pp) == (1, 1, 1, 1, 1) and world > 1:
