@@ -1,7 +1,7 @@
 """Small reference models: plain ``nn.Module``s that know nothing about how they are parallelised.
 
-They may import the config's errors, the run folder's provenance (a run's weights are data) and the engine's
-checkpoint room; nothing above them.
+They may import the config's errors, the run folder's provenance (a run's weights are data), the engine's
+checkpoint room and its pipeline plans (how a model is cut into stages, beside its tp_plan); nothing above them.
 """
 
 from runner.models.adapters import with_peft
