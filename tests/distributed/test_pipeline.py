@@ -256,6 +256,12 @@ def _pipelines_of_two(directory: str) -> dict:
     accelerator.load_state(root / "pp2")
     result["ddp_loaded"] = {name: tensor.clone() for name, tensor in model.module.state_dict().items()}
     result["ddp_losses"] = _train(accelerator, model, optimizer, batches[head:])[0]
+    # ... and the other way: DDP's checkpoint (whole weights, the optimizer by index) resumed in 2 stages.
+    accelerator.save_state(root / "ddp")
+    result["ddp_next"] = _train(accelerator, model, optimizer, batches[:head])[0]
+    accelerator, model, optimizer = _prepared(ACCUMULATION, pp_size=2)
+    accelerator.load_state(root / "ddp")
+    result["pp_from_ddp"] = _train(accelerator, model, optimizer, batches[:head])[0]
 
     # Saved by FSDP2 over these 2 (its optimizer by parameter group), resumed in 2 stages: the same next steps.
     accelerator, model, optimizer = _prepared(dp_shard_size=2)  # each process the whole batch: one process's steps
@@ -338,6 +344,7 @@ def test_pipelined_training_matches_one_process_and_its_checkpoints_load_on_any_
         assert [name for name, tensor in rank["ddp_loaded"].items() if not torch.equal(tensor, saved[name])] == []
         assert rank["ddp_losses"] == pytest.approx(rank["losses"][SAVED_AFTER * ACCUMULATION :], **tolerance)
         assert rank["pp_from_fsdp"] == pytest.approx(rank["fsdp_next"], **tolerance)  # the optimizer's state too
+        assert rank["pp_from_ddp"] == pytest.approx(rank["ddp_next"], **tolerance)
     # Hugging Face's GPT-2 cut by its registered plan, against its own loss; a user's ModuleList model.
 
     gpt2, stack = _gpt2(), _Stack()

@@ -34,10 +34,17 @@ import torch
 from torch import nn
 
 from runner.engine.checkpoint import sharded_state
-from runner.engine.checkpoint.errors import CheckpointError
-from runner.engine.constants import indexed_name
+from runner.engine.checkpoint.sharded_state import owner_of
+from runner.engine.constants import MODEL_NAME, OPTIMIZER_NAME, indexed_name
 from runner.engine.distributed import DistributedEnvironment
-from runner.engine.parallel.base import CheckpointReader, CheckpointWriter, load_sharded_state, unwrap_module
+from runner.engine.parallel.base import (
+    CheckpointReader,
+    CheckpointWriter,
+    load_optimizer_file,
+    load_sharded_state,
+    refused_unless_it_fits,
+    unwrap_module,
+)
 from runner.engine.parallel.fsdp import FSDPStrategy, FullyShardedDataParallelPlugin, _no_gradient_sync
 from runner.engine.parallel.mesh import PIPELINE_DIM_NAME, ParallelismConfig
 from runner.engine.parallel.pipeline import (
@@ -308,6 +315,9 @@ class PipelineStrategy(FSDPStrategy):
         super().__init__(env, plugin, param_dtype, parallelism)
         self.precision = precision  # each stage's forward runs under the run's autocast, as the model's did
         self._pipelined: dict[int, PipelinedModel] = {}
+        # Each optimizer's parameters as the whole model's optimizer held them, in order, by their names: what the
+        # index of a whole optimizer state (a one-process or DDP checkpoint's optimizer.bin) refers to.
+        self._whole_order: dict[int, list[list[str]]] = {}
 
     @property
     def data_parallel_group(self):
@@ -406,6 +416,9 @@ class PipelineStrategy(FSDPStrategy):
                     "prepare() cuts the model into pipeline stages, but this optimizer has already stepped on the "
                     "whole model's parameters; build the optimizer fresh and prepare it together with the model."
                 )
+            self._whole_order[id(optimizer)] = [
+                names.get(id(parameter), []) for group in optimizer.param_groups for parameter in group["params"]
+            ]
             for group in optimizer.param_groups:
                 kept: dict[int, nn.Parameter] = {}
                 for parameter in group["params"]:
@@ -502,18 +515,68 @@ class PipelineStrategy(FSDPStrategy):
         sharded_state.save_sharded(folder, modules, optimizers, indexed_name, flatten=True, aliases=aliases)
 
     def check_load(self, checkpoint: CheckpointReader) -> None:
-        if checkpoint.state_format != "dcp":
-            raise CheckpointError(
-                f"{checkpoint.path} holds whole model and optimizer states, which pipeline stages do not load; "
-                "resume it without parallel.pp (the same layout it was saved on), or from a sharded checkpoint "
-                "(parallel=fsdp with parallel.state_dict=sharded)."
-            )
+        pass  # sharded states load by name; whole ones (one process's, DDP's) are cut to the stages as they load
 
     def load_model_state(
         self, checkpoint: CheckpointReader, models: Sequence[nn.Module], optimizers: Sequence[Any]
     ) -> None:
         modules = [unwrap_module(model) for model in models]
-        load_sharded_state(checkpoint, modules, optimizers, aliases=self._alias_names(modules))
+        if checkpoint.state_format == "dcp":
+            load_sharded_state(checkpoint, modules, optimizers, aliases=self._alias_names(modules))
+            return
+        for i, module in enumerate(modules):
+            name = indexed_name(MODEL_NAME, i, ".safetensors")
+            with refused_unless_it_fits(checkpoint.path / name):
+                sharded_state.load_model(self._stage_weights(checkpoint.load_tensors(name), module), module)
+        for i, optimizer in enumerate(optimizers):
+            saved = load_optimizer_file(checkpoint, i)
+            with refused_unless_it_fits(checkpoint.path / indexed_name(OPTIMIZER_NAME, i, ".bin")):
+                state = self._stage_optimizer_state(saved, optimizer.optimizer, owner_of(optimizer.optimizer, modules))
+                sharded_state.load_optimizer(state, optimizer, modules)
+
+    def _stage_weights(self, saved: dict[str, torch.Tensor], module: nn.Module) -> dict[str, torch.Tensor]:
+        """The whole model's ``saved`` weights this rank module holds (a tied weight stored once, under either
+        name).
+
+        Raises:
+            KeyError: One of them is not saved.
+        """
+        tied = self._pipelined_of(module).plan.tied
+        other = {**tied, **{canonical: alias for alias, canonical in tied.items()}}
+        weights = {}
+        for name in module.state_dict():
+            key = name if name in saved else other.get(name)
+            if key not in saved:
+                raise KeyError(f"missing key {name}")
+            weights[name] = saved[key]
+        return weights
+
+    def _stage_optimizer_state(self, saved: dict, optimizer: torch.optim.Optimizer, module: nn.Module) -> dict:
+        """A whole optimizer state (its parameters by index over the whole model's optimizer, or by name) as the
+        full state dict of this stage's optimizer, by the rank module's parameter names.
+
+        Raises:
+            ValueError: Its parameter groups are not the optimizer's.
+        """
+        order = self._whole_order[id(optimizer)]
+        whole_index = {name: index for index, names in enumerate(order) for name in names}
+        by_name = isinstance(next(iter(saved["state"]), 0), str)  # FSDP's full state keys by name
+        fqn = {id(parameter): name for name, parameter in module.named_parameters()}
+        if len(saved["param_groups"]) != len(optimizer.param_groups):
+            raise ValueError(
+                f"the saved optimizer has {len(saved['param_groups'])} parameter groups and this one "
+                f"{len(optimizer.param_groups)}"
+            )
+        state, groups = {}, []
+        for saved_group, group in zip(saved["param_groups"], optimizer.param_groups, strict=True):
+            names = [fqn[id(parameter)] for parameter in group["params"]]
+            for name in names:
+                whole = order[whole_index[name]]
+                key = next((n for n in whole if n in saved["state"]), None) if by_name else whole_index[name]
+                if key in saved["state"]:
+                    state[name] = saved["state"][key]
+            groups.append({**{k: v for k, v in saved_group.items() if k != "params"}, "params": names})
+        return {"state": state, "param_groups": groups}
 
     def _alias_names(self, modules: Sequence[nn.Module]) -> dict[str, str]:
         """Tied parameters held here only by their alias: alias -> canonical name, the optimizer state's key."""
