@@ -238,7 +238,7 @@ def _pipelines_of_two(directory: str) -> dict:
     result["resumed_final"] = {name: tensor.clone() for name, tensor in model.module.state_dict().items()}
 
     # The other schedules, two steps each (the multi-stage ones: 4 stages of one block, 2 on each process).
-    for schedule in ("gpipe", "interleaved_1f1b", "zbv_zero_bubble"):
+    for schedule in ("gpipe", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble"):
         accelerator, model, optimizer = _prepared(pp_size=2, pp_schedule=schedule)
         result[schedule] = _train(accelerator, model, optimizer, batches[:2])[0]
 
@@ -329,7 +329,7 @@ def test_pipelined_training_matches_one_process_and_its_checkpoints_load_on_any_
         # Resumed after step 3 on the same layout: bit for bit the uninterrupted run.
         assert rank["resumed"] == rank["losses"][SAVED_AFTER * ACCUMULATION :]
         assert all(torch.equal(rank["resumed_final"][name], rank["final"][name]) for name in rank["final"])
-        for schedule in ("gpipe", "interleaved_1f1b", "zbv_zero_bubble"):
+        for schedule in ("gpipe", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble"):
             assert rank[schedule] == pytest.approx(reference, **tolerance), schedule
         # Half precision: within its rounding of the fp32 losses (bf16 keeps 8 bits of mantissa, fp16 11); fp16's
         # scaler kept its first scale (no step skipped).
