@@ -275,7 +275,7 @@ def check_schedule(
             f"parallel.pp_microbatches={microbatches} is too few for {name} on {stages} stages, which needs at least "
             f"one micro-batch per stage; set parallel.pp_microbatches to {stages} or more."
         )
-    if layout == "looped":
+    if name in ("interleaved_1f1b", "interleaved_zero_bubble"):  # looped BFS runs any number
         rounds = max(1, microbatches // pp)
         if microbatches % rounds:
             raise ValueError(
