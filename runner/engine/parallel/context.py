@@ -19,6 +19,7 @@ rule, so a model with attention runs context-parallel on GPUs only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Iterator
 from typing import Any
@@ -76,15 +77,21 @@ def positions_keyword(model: nn.Module) -> str:
     Raises:
         ValueError: It takes none.
     """
-    parameters = inspect.signature(unwrap_module(model).forward).parameters
-    for keyword in POSITION_KEYWORDS:
-        if keyword in parameters:
-            return keyword
+    keyword = _position_keyword_of(type(unwrap_module(model)))
+    if keyword is not None:
+        return keyword
     raise ValueError(
         f"Context parallelism hands each process a slice of every sequence, so the model must be told where its "
         f"tokens sit; {type(unwrap_module(model)).__name__}.forward takes neither positions= (as runner.models.GPT) "
         "nor position_ids= (as Hugging Face's models)."
     )
+
+
+@functools.cache
+def _position_keyword_of(model_class: type) -> str | None:
+    """The first of :data:`POSITION_KEYWORDS` the class's ``forward`` takes (read once per class, not per step)."""
+    parameters = inspect.signature(model_class.forward).parameters
+    return next((keyword for keyword in POSITION_KEYWORDS if keyword in parameters), None)
 
 
 def group_mean(loss: torch.Tensor, mesh) -> torch.Tensor:

@@ -81,6 +81,7 @@ class PipelinedModel(nn.Module):
         group,
         device: torch.device,
         whole: nn.Module,
+        whole_buffers: dict[str, torch.Tensor],
         tied_group,
     ) -> None:
         super().__init__()
@@ -88,9 +89,17 @@ class PipelinedModel(nn.Module):
         # Not submodules: they share the rank module's modules, whose names are the model's.
         self.__dict__["views"] = views
         self.__dict__["whole_on_meta"] = whole
+        self.whole_buffers = whole_buffers  # its non-persistent buffers: to_empty gives them no values
         self.plan, self.schedule_name, self.microbatches = plan, schedule, microbatches
         self.num_stages, self.stage_owner, self.group, self.device = num_stages, stage_owner, group, device
         self.tied_group = tied_group
+        # Tied weights held here by their alias alone (the other end on another stage): counted once in a norm.
+        held = dict(module.named_parameters(remove_duplicate=False))
+        self.alias_ids = frozenset(
+            id(held[alias])
+            for alias, canonical in plan.tied.items()
+            if alias in held and (canonical not in held or held[canonical] is not held[alias])
+        )
         self._schedules: dict[tuple, Any] = {}
         self._loss_fn: Callable | None = None
         self._loss_scale = 1.0
@@ -211,10 +220,9 @@ class PipelinedModel(nn.Module):
     def whole(self, state: dict[str, torch.Tensor]) -> nn.Module:
         """The whole model, built anew (on this process's device) with ``state`` (every weight)."""
         model = copy.deepcopy(self.whole_on_meta)
-        buffers = self.whole_on_meta._non_persistent  # kept aside: to_empty gives them no values
         model.to_empty(device=self.device)
         model.load_state_dict(state)
-        for name, value in buffers.items():
+        for name, value in self.whole_buffers.items():
             _set_tensor(model, name, value.to(self.device))
         return model
 
@@ -352,10 +360,11 @@ class PipelineStrategy(FSDPStrategy):
                 r for r in range(config.pp_size) if stage in stage_indices(r, config.pp_size, stages, layout=layout)
             )
 
-        whole = _to_meta(model)
+        whole, buffers = _to_meta(model)
         pipelined = PipelinedModel(
             module, views, plan, schedule=config.pp_schedule, microbatches=config.microbatches, num_stages=stages,
             stage_owner=owner, group=self.pp_mesh.get_group(), device=self.env.device, whole=whole,
+            whole_buffers=buffers,
             tied_group=tied_group,
         )  # fmt: skip
         self._pipelined[id(model)] = pipelined
@@ -444,12 +453,7 @@ class PipelineStrategy(FSDPStrategy):
         import torch.distributed as dist
 
         parameters = [p for p in parameters if p.grad is not None]
-        aliases = set()
-        for pipelined in self._pipelined.values():
-            held = dict(pipelined.module.named_parameters(remove_duplicate=False))
-            for alias, canonical in pipelined.plan.tied.items():
-                if alias in held and (canonical not in held or held[canonical] is not held[alias]):
-                    aliases.add(id(held[alias]))
+        aliases = frozenset().union(*(pipelined.alias_ids for pipelined in self._pipelined.values()))
         counted = [p.grad for p in parameters if id(p) not in aliases]
         norm = torch.nn.utils.get_total_norm(counted, norm_type) if counted else torch.zeros((), device=self.env.device)
         norm = self.total_norm(norm).to(self.env.device, torch.float32)
@@ -607,13 +611,13 @@ def _untie_across_stages(module: nn.Module, plan: PipelinePlan, units, held: Seq
         setattr(owner, leaf, nn.Parameter(params[canonical].detach().clone(), params[canonical].requires_grad))
 
 
-def _to_meta(model: nn.Module) -> nn.Module:
-    """``model`` moved to the meta device in place (its memory freed: the stages hold copies of their parts), with
-    its non-persistent buffers kept aside (the whole model rebuilt from it needs their values)."""
+def _to_meta(model: nn.Module) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """``model`` moved to the meta device in place (its memory freed: the stages hold copies of their parts), and its
+    non-persistent buffers, kept aside (the whole model rebuilt from it needs their values)."""
     persistent = set(model.state_dict())
-    model._non_persistent = {
+    buffers = {
         name: buffer.detach().cpu().clone()
         for name, buffer in model.named_buffers()
         if name not in persistent and buffer is not None
     }
-    return model.to("meta")
+    return model.to("meta"), buffers
