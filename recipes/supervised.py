@@ -154,7 +154,7 @@ def train(cfg: DictConfig, accelerator: Accelerator) -> float | None:
                 if scheduler is not None:
                     scheduler.step()  # after a real optimizer step only (the engine's AcceleratedScheduler)
                 optimizer.zero_grad()
-            loop.micro_step(loss, samples=batch_size(inputs))
+            loop.micro_step(loss, samples=batch_size(inputs), batch=batch)
             if not accelerator.sync_gradients:
                 continue
             loop.optimizer_step(lr=optimizer.param_groups[0]["lr"])  # counted, and logged on its cadence

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from runner.config.recipe_validation import recipe_module
 from runner.config.run_spec import RunSpec
 from runner.engine.launch_environment import LaunchEnvironment
+from runner.folders import launch_record
 from runner.folders.layout import CONFIG_FILE, LOG_FILE, LOG_FORMAT, LOGS_DIR, OVERRIDES_FILE
 from runner.launch import lost_nodes
 from runner.training import preemption, tracker_setup
@@ -172,12 +173,55 @@ def run_worker(spec: RunSpec, *, environment: LaunchEnvironment) -> float | None
             cfg = spec.run_config()
         else:  # what the launcher verified was where the run started, before the saves it has since lost
             spec = dataclasses.replace(spec, verified=None)
+    if not restarts and not cfg.evaluate_only:  # a launch's record, once (an elastic restart is the same launch)
+        write_launch_record(spec, accelerator, recorded)
     if spec.verified is not None:
         accelerator.mark_verified(spec.verified)  # the launching process hashed its files (runner resume=)
     record_config_in_checkpoints(accelerator, recorded, list(spec.overrides))
     recipe = importlib.import_module(recipe_module(cfg.recipe))
     logger.info("Running recipe %s on %s", cfg.recipe, accelerator)
-    return recipe.train(cfg, accelerator)
+    try:
+        return recipe.train(cfg, accelerator)
+    finally:
+        launch_record.wait()  # a recipe without the training loop's data-order digest: the record is whole
+
+
+def write_launch_record(spec: RunSpec, accelerator, recorded: dict[str, Any]) -> None:
+    """Rank 0 writes this launch's record into the run folder (:mod:`runner.folders.launch_record`); every rank
+    gives its host name (a collective)."""
+    from runner.engine.ops import gather_object
+
+    hosts = gather_object([launch_record.this_host()])
+    if not accelerator.is_main_process:
+        return
+    config = spec.config
+    parallel = {key: value for key, value in recorded.get("parallel", {}).items()}
+    launch = {
+        "world_size": accelerator.num_processes,
+        "processes_per_node": spec.launch.num_processes,
+        "num_nodes": spec.launch.num_nodes,
+        "started_by": _started_by(spec.launch.environment),
+        "device": accelerator.device.type,
+        "mixed_precision": config.trainer.mixed_precision,
+        "gradient_accumulation_steps": config.trainer.gradient_accumulation_steps,
+        "parallel": parallel,
+    }
+    try:
+        launch_record.write(
+            spec.project_dir, config=recorded, overrides=spec.overrides,
+            resume=str(spec.resume) if spec.resume is not None else None, launch=launch, hosts=hosts,
+        )  # fmt: skip
+    except OSError as error:  # the run folder was checked writable: a record that fails is noted, not fatal
+        logger.warning("The launch record was not written into %s (%s)", spec.project_dir, error)
+
+
+def _started_by(environment: LaunchEnvironment) -> str:
+    """What started the launching process: ``runner`` itself, ``torchrun`` (or torch's elastic agent), ``srun``."""
+    from runner.launch import slurm
+
+    if environment.under_torchrun:
+        return "torchrun"
+    return "srun" if slurm.under_srun() else "runner"
 
 
 def _agreed_restart_count(count: int, device) -> int:

@@ -25,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from runner.config import MODEL_COMPUTES_LOSS, ConfigError
+from runner.folders import launch_record
 
 # Errors by which a constructor says a value is wrong (torch raises RuntimeError for a negative size, an
 # ``assert`` on an argument is AssertionError); anything else raised inside is a bug (traceback).
@@ -50,7 +51,7 @@ def build(node, *, key: str, target: str | None = None, **kwargs: Any) -> Any:
     from runner.data.download import DataFileError, DownloadError
 
     try:
-        return instantiate(node, **kwargs)
+        built = instantiate(node, **kwargs)
     except InstantiationException as error:
         cause = error.__cause__
         if cause is None:  # Hydra's own complaint (a node it cannot call): its first line says which
@@ -62,6 +63,8 @@ def build(node, *, key: str, target: str | None = None, **kwargs: Any) -> Any:
             inner = OmegaConf.select(node, where)
             raise rejected(f"{key}.{where}", inner._target_, cause, arguments=_arguments(inner)) from None
         raise rejected(key, target or node._target_, cause, arguments={**_arguments(node), **kwargs}) from None
+    launch_record.note_generators(key, built)  # state no checkpoint saves, for the run's record
+    return built
 
 
 def _failed_inside(error: Exception, node) -> str | None:

@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 from omegaconf import DictConfig, OmegaConf
 
 from runner.files import write_text_atomically
+from runner.folders import launch_record
 from runner.training import preemption
 from runner.training.startup import log_first_step, stamp
 
@@ -76,7 +77,7 @@ class TrainingLoop:
         while loop.step < total_steps:  # epoch after epoch, until the step budget is spent
             for batch in train_loader:
                 ...  # forward, backward, optimizer and scheduler steps
-                loop.micro_step(loss, samples=...)
+                loop.micro_step(loss, samples=..., batch=batch)
                 if not accelerator.sync_gradients:
                     continue
                 loop.optimizer_step(lr=...)  # counted, and logged on its cadence
@@ -135,6 +136,9 @@ class TrainingLoop:
         self.stepped = False  # no optimizer step taken yet in this process
         self.running_loss, self.micro_batches = progress.running_loss(accelerator), progress.micro_batches
         self.last_eval, self.last_checkpoint = -1, progress.step if cfg.resume else -1
+        # The first batches this launch reads, digested into its record (rank 0; runner.folders.launch_record).
+        first_batch = progress.step * trainer.get("gradient_accumulation_steps", 1)  # a checkpoint ends a step
+        self.data_order = launch_record.data_order(first_batch=first_batch) if accelerator.is_main_process else None
         stamp("build and prepare")  # the recipe built and prepared everything before its loop
 
     @property
@@ -164,8 +168,13 @@ class TrainingLoop:
             return self.save_every is None and not self.saved
         return every(self.save_every, self.step)
 
-    def micro_step(self, loss, *, samples: int) -> None:
-        """After a backward: add ``loss`` to this rank's running loss, ``samples`` (per process) to the throughput."""
+    def micro_step(self, loss, *, samples: int, batch: Any = None) -> None:
+        """After a backward: add ``loss`` to this rank's running loss, ``samples`` (per process) to the throughput;
+        ``batch`` (what the loader gave) goes into the run's data-order digest while that wants more."""
+        if self.data_order is not None and batch is not None:
+            self.data_order.add(batch)
+            if self.data_order.done:
+                self.data_order = None
         self.running_loss += loss.detach()
         self.micro_batches += 1
         self.throughput.add(samples * self.accelerator.num_processes)
@@ -183,7 +192,7 @@ class TrainingLoop:
     def stop_requested(self) -> bool:
         """Whether a stop signal reached any process by this step (a collective: every rank calls it each step,
         and all of them get the same answer)."""
-        return preemption.agreed(self.accelerator, self.step)
+        return preemption.agreed(self.accelerator, self.step) or preemption.cut_at(self.step)
 
     def stop(self) -> NoReturn:
         """End the run at this step, once it is saved: the checkpoint committed, the trackers given everything.
@@ -191,6 +200,7 @@ class TrainingLoop:
         Raises:
             preemption.Preempted: Always; the launcher reports the step, and a requeued job resumes from it.
         """
+        self.close()
         self.accelerator.end_training()
         raise preemption.Preempted(preemption.received() or "a peer's signal", self.step)
 
@@ -223,7 +233,10 @@ class TrainingLoop:
         self.last_checkpoint = self.step
 
     def close(self) -> None:
-        """The progress bar's end."""
+        """The progress bar's end; the data-order digest of a run shorter than it wants is written."""
+        if self.data_order is not None:
+            self.data_order.flush()
+            self.data_order = None
         self.reporter.close()
 
     def objective(self, metric: str) -> float | None:

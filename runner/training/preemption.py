@@ -14,6 +14,9 @@ job at once, in the middle of a step or of a save. The runner takes the signal o
 does for its own checkpointing jobs, counting ``max_num_timeout``, and the requeued job continues from the
 checkpoint.
 
+``RUNNER_STOP_AT_STEP=K`` stops a run the same way at optimizer step K, without a signal: what ``runner
+check-resume`` cuts its interrupted run with (every process reaches step K, so they agree without a collective).
+
 An evaluation (``runner eval``) saves nothing, and writes its results only at its end: it stops at the next
 batch the processes agree on (:func:`stop_evaluation` raises :class:`EvaluationStopped`), before anything is
 written, with the same exit code.
@@ -30,6 +33,7 @@ from typing import Any
 
 EXIT_CODE = 75
 SUBMITIT_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"  # submitit's choice of signal, read by submitit as by the runner
+STOP_AT_STEP_ENV = "RUNNER_STOP_AT_STEP"  # stop as if preempted at this optimizer step (runner check-resume's cut)
 
 
 def _signals() -> tuple[signal.Signals, ...]:
@@ -136,6 +140,16 @@ def agreed(accelerator, step: int, every: int = 10) -> bool:
 
     flag = torch.tensor([float(bool(_received))], device=accelerator.device)
     return bool(accelerator.reduce(flag, reduction="sum").item())
+
+
+def cut_at(step: int) -> bool:
+    """Whether ``RUNNER_STOP_AT_STEP`` names this optimizer step: the run stops here as if preempted (every process
+    reaches the step, so every one answers alike)."""
+    if os.environ.get(STOP_AT_STEP_ENV) != str(step):
+        return False
+    if not _received:
+        _received.append(f"{STOP_AT_STEP_ENV}={step}")
+    return True
 
 
 def stop_evaluation(accelerator, batch: int | None = None) -> None:
