@@ -25,7 +25,9 @@ def main() -> None:
     ``runner launch|config|env ...`` are Accelerate's commands for a plain engine script: see
     :mod:`runner.launch.commands`. ``runner export ...`` writes a checkpoint's model as plain files
     (:mod:`runner.cli.export`), ``runner generate ...`` samples text from a language-model run
-    (:mod:`runner.cli.generate`).
+    (:mod:`runner.cli.generate`). ``runner runs``, ``runner diff`` and ``runner check-resume`` list runs, compare two,
+    and prove that a config resumes exactly (:mod:`runner.cli.runs`, :mod:`runner.cli.diff`,
+    :mod:`runner.cli.check_resume`).
     """
     from runner.launch.commands import command_of, run_command
     from runner.training.startup import skip_collection_at_exit, stamp
@@ -50,6 +52,18 @@ def main() -> None:
         from runner.cli.status import main as status
 
         sys.exit(status(sys.argv[2:]))
+    if sys.argv[1:2] == ["runs"]:  # a table of the runs under a folder: runner/cli/runs.py
+        from runner.cli.runs import main as runs
+
+        sys.exit(runs(sys.argv[2:]))
+    if sys.argv[1:2] == ["diff"]:  # what differs between two runs: runner/cli/diff.py
+        from runner.cli.diff import main as diff
+
+        sys.exit(diff(sys.argv[2:]))
+    if sys.argv[1:2] == ["check-resume"]:  # train, cut, resume and compare: runner/cli/check_resume.py
+        from runner.cli.check_resume import main as check_resume
+
+        sys.exit(check_resume(sys.argv[2:]))
     if sys.argv[1:2] == ["eval"]:  # runner eval RUN [key=value ...]: resume=RUN evaluate_only=true, checked as one
         from runner.training import preemption
 
@@ -61,6 +75,7 @@ def main() -> None:
     from runner.config import ConfigError, register_configs
     from runner.data.download import DataFileError, DownloadError
     from runner.engine.launch_environment import LaunchEnvironment
+    from runner.folders.launch_record import remember_command
     from runner.launch.lock import FolderLocked
     from runner.launch.worker import exit_without_finalizing
     from runner.training.startup import stamp
@@ -80,6 +95,7 @@ def main() -> None:
         if print_help(args):
             return
         command = read(args, argv, LaunchEnvironment.read())
+        remember_command(sys.argv)  # for the run's record (runner.folders.launch_record)
         stamp("check the command line")
         command, lock = take_run_folder(command, args)
     except ConfigError as error:

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from runner.engine import load_checkpoint_in_model
 from runner.models import MnistCNN
-from tests.e2e.conftest import metrics, mnist_args, run_cli
+from tests.e2e.conftest import metrics, mnist_args, run_cli, run_cli_refusals
 
 
 def scalars(log_dir):
@@ -138,6 +138,37 @@ def test_multirun_of_two_ddp_jobs(tmp_path):
         assert (sweep / job / "checkpoints" / "checkpoint_0" / "random_states_1.pt").is_file()
     assert (sweep / "multirun.yaml").is_file()
 
+    # runner runs: the sweep is one row (its two jobs finished, the better one's accuracy), and --expand shows both.
+    accuracy = {job: f"{metrics(sweep / job)['eval/accuracy']:.4g}" for job in ("0", "1")}
+    listed = run_cli("runs", str(tmp_path), cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    rows = [re.split(r" {2,}", row.strip()) for row in listed.stdout.splitlines()]
+    assert rows[0] == ["folder", "experiment", "status", "step", "objective", "last", "best", "duration", "resumes"]
+    best = max(accuracy.values(), key=float)
+    assert len(rows) == 2 and rows[1][:7] == ["sweep", "mnist_ddp", "2 finished", "-", "eval/accuracy", "-", best]
+    expanded = run_cli("runs", "--expand", str(tmp_path), cwd=tmp_path)
+    rows = [re.split(r" {2,}", row.strip()) for row in expanded.stdout.splitlines()]
+    assert [row[:7] + row[8:] for row in rows[2:]] == [
+        [f"sweep/{job}", "mnist_ddp", "finished", "3/3", "eval/accuracy", accuracy[job], accuracy[job], "0"]
+        for job in ("0", "1")
+    ]
+
+    # runner diff: the one override that tells the jobs apart, the same code and packages, where the curves part.
+    job0, job1 = sweep / "0", sweep / "1"
+    compared = run_cli("diff", str(job0), str(job1), cwd=tmp_path)
+    assert compared.returncode == 1, compared.stderr[-3000:]  # as diff's: 1, they differ
+    lines = compared.stdout.splitlines()
+    assert lines[2] == "config: 1 key differs" and {"code: same", "packages: same"} <= set(lines)
+    assert re.fullmatch(r"  optimizer\.lr +0\.001 \(optimizer\.lr=0\.001\) +0\.003 \(optimizer\.lr=0\.003\)", lines[4])
+    diverged = re.search(r"^metrics: first differ at step (\d+) \((\S+)\)$", compared.stdout, flags=re.MULTILINE)
+    assert diverged, compared.stdout
+    step, tag = int(diverged.group(1)), diverged.group(2)
+    curves = scalars(job0 / "logs")[tag], scalars(job1 / "logs")[tag]
+    assert [value for at, value in curves[0] if at < step] == [value for at, value in curves[1] if at < step]
+    assert dict(curves[0])[step] != dict(curves[1])[step]
+    report = json.loads(run_cli("diff", "--json", str(job0), str(job1), cwd=tmp_path).stdout)
+    assert report["metrics"]["first_divergence"]["step"] == step and report["same"] is False
+
 
 def test_resume_from_a_checkpoint_then_a_run_folder_matches_an_uninterrupted_run(tmp_path):
     common = [*mnist_args("test[:1000]", "test[9800:]"), "scheduler=constant", "trainer.checkpoint_every_n_steps=5"]
@@ -168,18 +199,21 @@ def test_resume_from_a_checkpoint_then_a_run_folder_matches_an_uninterrupted_run
 
 
 def test_mnist_fsdp_checkpoints_are_sharded_and_resume_exactly(tmp_path):
-    common = ["experiment=mnist_fsdp", *mnist_args("test[:1024]", "test[9800:]"), "scheduler=constant"]
-    common.append("trainer.checkpoint_every_n_steps=3")
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    done = run_cli(*common, "trainer.max_steps=6", f"hydra.run.dir={full}", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    # Sharded checkpoints written in the background (torch.distributed.checkpoint.async_save) resume exactly.
-    cut_run = run_cli(
-        *common, "trainer.async_checkpoint=true", "trainer.max_steps=3", f"hydra.run.dir={cut}", cwd=tmp_path
-    )
-    assert cut_run.returncode == 0, cut_run.stderr[-3000:]
-    resumed = run_cli(f"resume={cut}", "trainer.max_steps=6", cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # runner check-resume: 6 steps straight; 3 steps, stopped as if preempted, then resumed to 6, sharded checkpoints
+    # written in the background (torch.distributed.checkpoint.async_save); both kept for the checks below.
+    common = ["experiment=mnist_fsdp", *mnist_args("test[:1024]", "test[9800:]"), "scheduler=constant",
+              "trainer.checkpoint_every_n_steps=3", "trainer.async_checkpoint=true"]  # fmt: skip
+    kept = tmp_path / "check"
+    checked = run_cli("check-resume", *common, "--steps", "6", "--cut", "3", "--dir", str(kept), cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
+    assert checked.stdout.splitlines() == [
+        "resume is exact: the resumed run matches the straight one bit for bit (weights, optimizer, scheduler, RNG "
+        "states, registered objects, data position, every batch read, every logged value and the final metrics).",
+        f"The runs are kept in {kept}.",
+    ]
+    assert checked.stderr.splitlines()[-1].startswith("runner check-resume: 3/3: done in ")
+    full, cut = kept / "straight", kept / "cut"
+    assert "Resumed at step 3" in (cut / "run.log").read_text()
 
     manifest = json.loads((cut / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())
     assert {"model/__0_0.distcp", "model/__1_0.distcp", "optimizer/.metadata"} <= set(manifest["files"])
@@ -199,6 +233,26 @@ def test_mnist_fsdp_checkpoints_are_sharded_and_resume_exactly(tmp_path):
     assert {k: two[k] for k in final} == final and two["step"] == one["step"] == 6
     assert one["eval/accuracy"] == final["eval/accuracy"]
     assert math.isclose(one["eval/loss"], final["eval/loss"], rel_tol=1e-6)
+
+    # What check-resume sets itself, or cannot check, is refused before anything runs, and nothing is kept.
+    (tmp_path / "refused").mkdir()
+    refused = run_cli_refusals(
+        [["check-resume", "--steps", "4", "--cut", "4"], ["check-resume", "resume=outputs/x"],
+         ["check-resume", "-m", "optimizer.lr=1e-3,1e-2"], ["check-resume", *common, "trainer.max_step=3"],
+         ["check-resume", "--dir", str(kept)]],
+        cwd=tmp_path, env={"TMPDIR": str(tmp_path / "refused")},
+    )  # fmt: skip
+    assert [result["returncode"] for result in refused] == [2, 2, 2, 2, 2]
+    assert [result["stderr"].strip().splitlines()[-1] for result in refused] == [
+        "runner: error: --cut 4: cut between step 1 and step 3 (--steps is 4).",
+        "runner: error: resume=outputs/x: check-resume sets resume itself (it resumes its own interrupted run); "
+        "leave it out.",
+        "runner: error: -m: check-resume checks one run, not a sweep; check one job's overrides instead.",
+        "runner: error: trainer.max_step is not a key of 'trainer' (did you mean 'trainer.max_steps'?); `python -m "
+        "runner --cfg job` lists every key.",
+        f"runner: error: --dir {kept}: {kept} exists; name a new folder, so that no run is overwritten.",
+    ]
+    assert not any((tmp_path / "refused").iterdir())
 
 
 def test_typo_in_a_key_exits_2_with_one_sentence_and_creates_nothing(tmp_path):

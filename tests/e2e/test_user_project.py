@@ -86,6 +86,23 @@ FILES = {
             def __getitem__(self, index):
                 return {"features": self.points[index], "labels": self.labels[index]}
     ''',
+    "mylab/noisy.py": '''
+        import random
+
+        from mylab.data import Blobs
+
+
+        class NoisyBlobs(Blobs):
+            """Blobs jittered by a generator of the dataset's own, which no checkpoint saves: a resume drifts."""
+
+            def __init__(self, *args, **kwargs) -> None:
+                super().__init__(*args, **kwargs)
+                self.rng = random.Random(0)
+
+            def __getitem__(self, index):
+                point, label = super().__getitem__(index)
+                return point + self.rng.gauss(0.0, 0.1), label
+    ''',
     "conf/model/tiny_mlp.yaml": """
         # A small MLP for 2-D points.
         _target_: mylab.models.TinyMLP
@@ -114,6 +131,13 @@ FILES = {
         objective: {metric: eval/accuracy, direction: maximize}
         optimizer: {lr: 0.01}
         trainer: {max_steps: 30, log_every_n_steps: 10}
+    """,
+    "conf/experiment/noisy_blobs.yaml": """
+        # @package _global_
+        defaults:
+          - blobs
+        data:
+          train: {_target_: mylab.noisy.NoisyBlobs}
     """,
 }
 
@@ -271,3 +295,30 @@ def test_help_lists_the_users_options_and_the_search_path_works_too(project):
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert "_target_: mylab.models.TinyMLP" in shown.stdout and "num_classes: 3" in shown.stdout
+
+
+def test_check_resume_names_a_datasets_own_generator_as_why_its_resume_drifts(project):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MYLAB_LOG": str(project / "check.log")}
+    command = [sys.executable, "-m", "runner", "check-resume", "--config-dir", "conf", "experiment=noisy_blobs",
+               "--steps", "6", "--cut", "3", "--dir", "runs/check"]  # fmt: skip
+    done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == (
+        "resume is not exact: after the resume, the resumed run read other training data at step 4 (batch 3) than "
+        "the straight run"
+    )
+    assert lines[1] == (
+        "why: the resumed run reads other batches than the uninterrupted one from its first step on: data.train "
+        "(mylab.noisy.NoisyBlobs) keeps a random.Random of its own at .rng, which no checkpoint saves, so its draws "
+        "after the resume start over."
+    )
+    assert lines[2] == "also different:" and lines[3].startswith("  logged train/loss: step 4: ")
+    assert any(line.startswith("  model weights: net.0.weight: ") and line.endswith("(final checkpoints)")
+               for line in lines)  # fmt: skip
+    kept = project / "runs" / "check"  # kept for runner diff, as the last line says
+    assert lines[-1] == f"The runs are kept in {kept}: compare them with runner diff {kept}/straight {kept}/cut"
+    records = [json.loads(path.read_text()) for path in sorted((kept / "cut" / "provenance").iterdir())]
+    assert [record["data_order"]["first_batch"] for record in records] == [0, 3]  # the cut, and the resume's
+    assert records[1]["resume"] == str(kept / "cut" / "checkpoints" / "checkpoint_0")
+    assert records[0]["code"]["repositories"][str(project / "mylab")]["packages"] == ["mylab"]  # not a git tree
