@@ -21,7 +21,7 @@ from tests.e2e.test_readme import readme_project
 register_configs()
 README = Path(__file__).resolve().parents[3] / "README.md"
 # What `runner VERB ...` dispatches to a command of its own (runner/cli/__init__.py, runner/launch/commands.py).
-VERBS = {"launch", "config", "env", "export", "generate", "status", "eval", "report"}
+VERBS = {"launch", "config", "env", "export", "generate", "status", "eval", "report", "runs", "diff", "check-resume"}
 PLACEHOLDER = re.compile(r"<[^>]*>")  # <shakespeare_hf run>, <run folder>: a value the reader fills in
 
 
