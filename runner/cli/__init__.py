@@ -75,7 +75,6 @@ def main() -> None:
     from runner.config import ConfigError, register_configs
     from runner.data.download import DataFileError, DownloadError
     from runner.engine.launch_environment import LaunchEnvironment
-    from runner.folders.launch_record import remember_command
     from runner.launch.lock import FolderLocked
     from runner.launch.worker import exit_without_finalizing
     from runner.training.startup import stamp
@@ -95,7 +94,6 @@ def main() -> None:
         if print_help(args):
             return
         command = read(args, argv, LaunchEnvironment.read())
-        remember_command(sys.argv)  # for the run's record (runner.folders.launch_record)
         stamp("check the command line")
         command, lock = take_run_folder(command, args)
     except ConfigError as error:

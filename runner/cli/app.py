@@ -190,7 +190,8 @@ def _settle(cfg: DictConfig, command: CommandLine | None, job) -> RunSpec:
         noted=lambda note: _to_run_log(logging.WARNING, note),
     )
     stamp("validate and check data")
-    return spec
+    typed = ("runner", *command.argv) if command is not None else tuple(sys.argv)
+    return dataclasses.replace(spec, command=typed)  # for the run's launch record
 
 
 def _check_machine(spec: RunSpec) -> None:

@@ -100,6 +100,9 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print(f"runner: check-resume interrupted; its runs are in {folder}", file=sys.stderr)
         return 130
+    except Exception:
+        print(f"runner: check-resume failed while comparing; its runs are in {folder}", file=sys.stderr)
+        raise
     if options.dir is None and (code == 0 and not options.keep or code == 2):
         shutil.rmtree(folder, ignore_errors=True)
     return code
@@ -185,22 +188,21 @@ def check(options: argparse.Namespace, passed: list[str], folder: Path) -> int:
 
     from runner.training.preemption import EXIT_CODE
 
-    say = _progress()
-    say(f"1/3: {options.steps} steps straight")
+    _say(f"1/3: {options.steps} steps straight")
     if straight.run() != 0:
         return _leg_failed(straight, folder)
-    say(f"1/3: done in {straight.seconds:.1f} s; 2/3: the same run, stopped at step {options.cut} as if preempted")
+    _say(f"1/3: done in {straight.seconds:.1f} s; 2/3: the same run, stopped at step {options.cut} as if preempted")
     if cut.run() != EXIT_CODE:
         if cut.returncode == 0:
             print(f"runner: error: the run was to stop at step {options.cut} but finished without stopping there; "
                   f"its log: {cut.log}", file=sys.stderr)  # fmt: skip
             return 1
         return _leg_failed(cut, folder)
-    say(f"2/3: done in {cut.seconds:.1f} s; 3/3: resumed from its checkpoint to step {options.steps}"
+    _say(f"2/3: done in {cut.seconds:.1f} s; 3/3: resumed from its checkpoint to step {options.steps}"
         + (f" on {options.resume_processes} processes" if options.resume_processes else ""))  # fmt: skip
     if resumed.run() != 0:
         return _leg_failed(resumed, folder)
-    say(f"3/3: done in {resumed.seconds:.1f} s; comparing")
+    _say(f"3/3: done in {resumed.seconds:.1f} s; comparing")
     verdict = compare(straight_dir, cut_dir, cut_step=options.cut)
     print(verdict.report())
     if not verdict.exact:
@@ -225,11 +227,9 @@ def _hydra_flags(passed: list[str]) -> list[str]:
     return flags
 
 
-def _progress():
-    def say(text: str) -> None:
-        print(f"runner check-resume: {text}", file=sys.stderr, flush=True)
-
-    return say
+def _say(text: str) -> None:
+    """A line of progress, on stderr (stdout carries the verdict)."""
+    print(f"runner check-resume: {text}", file=sys.stderr, flush=True)
 
 
 def _leg_failed(leg: Leg, folder: Path) -> int:
@@ -260,16 +260,19 @@ class Finding:
 class Verdict:
     findings: list[Finding]
     cause: str | None
+    unchecked: tuple[str, ...] = ()  # what could not be compared, and why
 
     @property
     def exact(self) -> bool:
         return not self.findings
 
     def report(self) -> str:
-        if self.exact:
+        if self.exact and not self.unchecked:
             return ("resume is exact: the resumed run matches the straight one bit for bit (weights, optimizer, "
                     "scheduler, RNG states, registered objects, data position, every batch read, every logged value "
                     "and the final metrics).")  # fmt: skip
+        if self.exact:
+            return "resume is exact in all that was compared, but " + "; ".join(self.unchecked) + "."
         first, rest = self.findings[0], self.findings[1:]
         lines = [f"resume is not exact: {first.sentence}"]
         if self.cause:
@@ -287,7 +290,7 @@ def compare(straight: Path, cut: Path, *, cut_step: int) -> Verdict:
     from runner.engine.checkpoint import checkpoints_dir, newest_intact_checkpoint
     from runner.folders.launch_record import read_attempts
     from runner.folders.layout import LOGS_DIR, final_metrics
-    from runner.folders.state_compare import checkpoint_differences, logged_differences
+    from runner.folders.state_compare import checkpoint_differences, is_timing, logged_differences
     from runner.sweeps.report import read_scalars
 
     records = {"straight": read_attempts(straight), "cut": read_attempts(cut)}
@@ -298,19 +301,26 @@ def compare(straight: Path, cut: Path, *, cut_step: int) -> Verdict:
         before = difference.step is not None and difference.step <= cut_step
         findings.append(Finding(f"{difference.sentence()} (straight vs resumed)", before, difference.step, "logged",
                                 difference.what))  # fmt: skip
+    unchecked = []
+    if not _batches(records["straight"][0] if records["straight"] else None)[1]:
+        unchecked.append("no batch was digested (the recipe does not hand its batches to the training loop's "
+                         "micro_step), so the data each run read was not compared")  # fmt: skip
     ends = [newest_intact_checkpoint(checkpoints_dir(run), verify_checksums=False)[0] for run in (straight, cut)]
-    if None not in ends:
+    if None in ends:
+        unchecked.append("a run saved no final checkpoint, so the weights, optimizer, scheduler and RNG states were "
+                         "not compared")  # fmt: skip
+    else:
         for difference in checkpoint_differences(ends[0], ends[1]):
             findings.append(Finding(f"{difference.sentence()} (final checkpoints)", False, None, "state",
                                     difference.what))  # fmt: skip
-    times = ("wall_time_s", "time_to_first_step_s")
-    metrics = [{k: v for k, v in final_metrics(run).items() if k not in times} for run in (straight, cut)]
+    metrics = [{k: v for k, v in final_metrics(run).items() if not is_timing(k)} for run in (straight, cut)]
     for key in sorted(set(metrics[0]) | set(metrics[1])):
         if metrics[0].get(key) != metrics[1].get(key):
             findings.append(Finding(f"metrics.json {key}: {metrics[0].get(key)!r} vs {metrics[1].get(key)!r}", False,
                                     None, "metrics", key))  # fmt: skip
     findings.sort(key=lambda f: (not f.before_cut, f.step is None, f.step or 0, _KIND_ORDER.index(f.kind)))
-    return Verdict(findings, _cause(findings, records, cut, cut_step=cut_step) if findings else None)
+    cause = _cause(findings, records, cut, cut_step=cut_step) if findings else None
+    return Verdict(findings, cause, tuple(unchecked))
 
 
 _KIND_ORDER = ("data", "logged", "state", "metrics")
@@ -416,7 +426,7 @@ def _generator_sentence(entries: list[dict]) -> str:
             parts.append(shown)
     if not parts:
         return ""
-    return "; ".join(parts) + (", which no checkpoint saves" if len(parts) == 1 else ", which no checkpoint saves")
+    return "; ".join(parts) + ", which no checkpoint saves"
 
 
 def _process_counts(records: dict[str, list[dict]]) -> tuple[int, int] | None:

@@ -72,6 +72,7 @@ class RunSpec:
     resume: Path | None  # the checkpoint the run continues from
     verified: VerifiedCheckpoint | None  # that checkpoint's files, hashed by the launching process
     launch: LaunchShape
+    command: tuple[str, ...] = ()  # the launching process's command line, as typed (the run's launch record)
 
     def run_config(self) -> DictConfig:
         """The config as a worker and its recipe read it (a plain, writable copy: the spec stays as settled)."""

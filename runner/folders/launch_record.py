@@ -10,7 +10,9 @@ and recipe come from), every installed package's version, Python, torch, CUDA an
 and the launch shape, and the values of a named list of environment variables that change what a run computes
 (:data:`BEHAVIOUR_ENV`); no other variable is read into it, so nothing secret is. Once the run has read its first
 training batches, rank 0 adds their digest (:class:`DataOrder`): what was read, in order, so two runs that read
-the same data in the same order carry the same one.
+the same data in the same order carry the same one; and the random generators the objects built from the config
+keep of their own (:func:`note_generators`), which no checkpoint saves. The code's git state
+(:mod:`runner.folders.code_versions`) is added once git has answered.
 
 ``runner runs``, ``runner diff`` and ``runner check-resume`` read these records; they are data (JSON), and nothing
 in one is called or contacted.
@@ -25,8 +27,8 @@ import logging
 import math
 import os
 import platform
+import re
 import socket
-import subprocess
 import sys
 import types
 from collections.abc import Iterable
@@ -35,13 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from runner.files import write_text_atomically
+from runner.folders.code_versions import CodeVersions, installed_packages
 
 logger = logging.getLogger("runner")
 
 PROVENANCE_DIR = "provenance"
 RECORD_FORMAT = 1
-COMMAND_ENV = "RUNNER_COMMAND"  # the command line the launching process read (JSON), for its workers' record
-DIGEST_BATCHES_ENV = "RUNNER_DATA_DIGEST_BATCHES"  # how many of an attempt's first batches are digested (default 4)
+DIGEST_BATCHES_ENV = "RUNNER_DATA_DIGEST_BATCHES"  # how many of a launch's first batches are digested (default 4)
 DIGEST_BATCHES = 4
 
 # The environment variables a record keeps: ones that change what a run computes or which code it imports. Any
@@ -67,18 +69,21 @@ BEHAVIOUR_ENV = (
     "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
     "TORCH_DISTRIBUTED_DEBUG",
 )
-_GIT_TIMEOUT_S = 20
 
 
 def attempt_files(run_dir: str | os.PathLike) -> list[Path]:
-    """The run's records, first launch first (none for a run written before records were kept)."""
-    folder = Path(run_dir) / PROVENANCE_DIR
+    """The run's records, first launch first (none for a run written before records were kept); links are not
+    records."""
+    return [path for _, path in _numbered(Path(run_dir) / PROVENANCE_DIR)]
+
+
+def _numbered(folder: Path) -> list[tuple[int, Path]]:
     found = []
     for path in folder.glob("attempt_*.json") if folder.is_dir() and not folder.is_symlink() else ():
         number = path.stem.removeprefix("attempt_")
         if number.isdigit() and not path.is_symlink():
             found.append((int(number), path))
-    return [path for _, path in sorted(found)]
+    return sorted(found)
 
 
 def read_attempts(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
@@ -94,20 +99,31 @@ def read_attempts(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return records
 
 
-_written: Path | None = None  # this process's record, once written (rank 0 of the launch)
-_pending: CodeVersions | None = None  # the git queries for its code versions, under way
-_own_generators: list[dict[str, str]] = []  # see note_generators
+class LaunchRecord:
+    """The record this launch is writing (rank 0's): its file, the code versions still being asked of git, and the
+    random generators the built objects hold of their own."""
+
+    def __init__(self, path: Path, code: CodeVersions) -> None:
+        self.path, self.code = path, code
+        self.own_generators: list[dict[str, str]] = []
+
+    def complete(self) -> None:
+        """Add the code's versions, once git has answered (see :class:`~runner.folders.code_versions.CodeVersions`)."""
+        code, self.code = self.code, None
+        if code is not None:
+            self.update(code=code.result(), own_generators=self.own_generators)
+
+    def update(self, **fields: Any) -> None:
+        """Set ``fields`` in the record, rewritten whole (atomically); a failure is a warning, never a stop."""
+        try:
+            record = json.loads(self.path.read_text())
+            record.update(fields)
+            write_text_atomically(self.path, json.dumps(record, indent=1, default=str) + "\n")
+        except (OSError, ValueError) as error:
+            logger.warning("The launch record %s was not completed (%s)", self.path, error)
 
 
-def data_order(*, first_batch: int) -> DataOrder | None:
-    """Where this launch's first batches are digested: None where this process wrote no record."""
-    return DataOrder(_written, first_batch=first_batch) if _written is not None else None
-
-
-def remember_command(argv: list[str]) -> None:
-    """In the launching process: the command line, for the record its rank 0 writes (a worker may be another
-    process, started by torch's launcher)."""
-    os.environ[COMMAND_ENV] = json.dumps(list(argv))
+_current: LaunchRecord | None = None  # this process's launch, while it runs (rank 0 of the launch)
 
 
 def write(
@@ -115,25 +131,28 @@ def write(
     *,
     config: dict[str, Any],
     overrides: Iterable[str],
+    command: Iterable[str],
     resume: str | None,
     launch: dict[str, Any],
     hosts: list[str],
-) -> Path:
-    """Write the record of this launch as the run's next ``attempt_<n>.json``; returns its path.
+) -> LaunchRecord:
+    """Write the record of this launch as the run's next ``attempt_<n>.json``: this process's launch from now on,
+    until :func:`close`.
 
     The git state of the code is asked of ``git`` processes that run while the run builds its model and data (no
-    thread: the run forks helper processes meanwhile); :func:`wait` adds it to the record (the data-order digest
-    does, before it writes).
+    thread: the run forks helper processes meanwhile); the data-order digest, or :func:`close`, adds it.
     """
-    global _written, _pending
+    global _current
+    _current = None
     folder = run_dir / PROVENANCE_DIR
     folder.mkdir(exist_ok=True)
-    number = len(attempt_files(run_dir)) + 1
+    numbered = _numbered(folder)
+    number = numbered[-1][0] + 1 if numbered else 1  # after the highest: a gap never makes it overwrite one
     record = {
         "format": RECORD_FORMAT,
         "attempt": number,
         "started_at": datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds"),
-        "command": _command(),
+        "command": list(command),
         "cwd": os.getcwd(),
         "overrides": list(overrides),
         "resume": resume,
@@ -145,162 +164,36 @@ def write(
         "launch": {**launch, "hosts": hosts},
         "environment": {name: os.environ[name] for name in BEHAVIOUR_ENV if name in os.environ},
         "data_order": None,
+        "own_generators": [],
     }
     path = folder / f"attempt_{number}.json"
-    write_text_atomically(path, json.dumps(record, indent=1) + "\n")
-    _written, _pending = path, CodeVersions(config)
-    return path
+    write_text_atomically(path, json.dumps(record, indent=1, default=str) + "\n")
+    _current = LaunchRecord(path, CodeVersions(config))
+    return _current
 
 
-def wait() -> None:
-    """Add the code's versions to this process's record, once its ``git`` processes are done (see :func:`write`)."""
-    global _pending
-    pending, _pending = _pending, None
-    if pending is None or _written is None:
-        return
-    try:
-        update(_written, code=pending.result())
-    except (OSError, ValueError) as error:  # the record is a help, never a reason to stop training
-        logger.warning("The launch record %s lacks its code versions (%s)", _written, error)
+def close() -> None:
+    """This launch has ended: its record is completed, and nothing more is noted into it."""
+    global _current
+    current, _current = _current, None
+    if current is not None:
+        current.complete()
 
 
-def update(path: Path, **fields: Any) -> None:
-    """Set ``fields`` in the record at ``path``, rewritten whole (atomically)."""
-    record = json.loads(path.read_text())
-    record.update(fields)
-    write_text_atomically(path, json.dumps(record, indent=1) + "\n")
+def data_order(*, first_batch: int) -> DataOrder | None:
+    """Where this launch's first batches are digested: None where this process writes no record."""
+    return DataOrder(_current, first_batch=first_batch) if _current is not None else None
+
+
+def this_host() -> str:
+    return socket.gethostname()
 
 
 def config_digest(config: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _command() -> list[str]:
-    try:
-        argv = json.loads(os.environ.get(COMMAND_ENV, "null"))
-    except ValueError:
-        argv = None
-    argv = argv if isinstance(argv, list) else list(sys.argv)
-    if argv and Path(str(argv[0])).name == "__main__.py":  # python -m runner
-        return ["python", "-m", Path(str(argv[0])).parent.name, *argv[1:]]
-    return [Path(str(argv[0])).name, *argv[1:]] if argv else argv
-
-
-# ------------------------------------------------------------------------------------------------------ code
-class CodeVersions:
-    """The runner's version and git state, and each repository the config's code comes from (its ``_target_``s
-    and recipe): its commit and a digest of what differs from it. The ``git`` processes start here;
-    :meth:`result` collects them."""
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        import runner
-
-        self.version = runner.__version__
-        runner_dir = Path(runner.__file__).resolve().parent
-        self.runner = GitState(runner_dir)
-        self.packages: dict[str, GitState] = {}
-        for package in sorted(code_packages(config)):
-            folder = _package_folder(package)
-            if folder is not None and not folder.is_relative_to(runner_dir) and not _installed(folder):
-                self.packages[package] = GitState(folder)  # else built in, the runner's, or an installed package
-
-    def result(self) -> dict[str, Any]:
-        repositories: dict[str, dict[str, Any]] = {}
-        for package, query in self.packages.items():
-            state = query.result()
-            key = state.get("root") or state["path"]
-            repositories.setdefault(key, {**state, "packages": []})["packages"].append(package)
-        return {"runner": {"version": self.version, **self.runner.result()}, "repositories": repositories}
-
-
-def code_packages(config: dict[str, Any]) -> set[str]:
-    """The top-level packages the config's ``_target_``s, getter paths and recipe name (builtins left out)."""
-    from runner.config import RECIPES
-    from runner.folders.provenance import object_paths_in, targets_in
-
-    names = [target for _, target in targets_in(config)] + [path for _, path in object_paths_in(config)]
-    recipe = config.get("recipe")
-    if isinstance(recipe, str) and recipe not in RECIPES:
-        names.append(recipe)
-    return {name.split(".")[0] for name in names if name and "." in name} - {"builtins"}
-
-
-def _package_folder(package: str) -> Path | None:
-    """Where a top-level package or module lives, found without importing it; None for a built-in one."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    if spec.submodule_search_locations:
-        return Path(next(iter(spec.submodule_search_locations))).resolve()
-    return Path(spec.origin).resolve().parent if spec.origin and os.path.isabs(spec.origin) else None
-
-
-def _installed(folder: Path) -> bool:
-    """Whether ``folder`` is inside an environment's installed packages (not a work tree installed editable)."""
-    return any(part in ("site-packages", "dist-packages") for part in folder.parts)
-
-
-class GitState:
-    """``{"root", "commit", "dirty", "diff_sha256"}`` of the git work tree holding ``folder``, else ``{"path"}``:
-    the digest covers the diff against the commit and the names of untracked files. Asked of three ``git``
-    processes at once, started here."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        queries = (("rev-parse", "--show-toplevel", "HEAD"), ("diff", "HEAD", "--binary", "--no-ext-diff"),
-                   ("ls-files", "--others", "--exclude-standard"))  # fmt: skip
-        self.processes = []
-        for args in queries:
-            try:
-                process = subprocess.Popen(["git", "-C", str(folder), *args], stdout=subprocess.PIPE,
-                                           stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)  # fmt: skip
-            except OSError:  # no git here
-                process = None
-            self.processes.append(process)
-
-    def result(self) -> dict[str, Any]:
-        outputs = []
-        for process in self.processes:
-            try:
-                out, _ = process.communicate(timeout=_GIT_TIMEOUT_S) if process is not None else (None, None)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                out = None
-            ok = process is not None and process.returncode == 0 and out is not None
-            outputs.append(out.decode(errors="replace") if ok else None)
-        head, diff, untracked = outputs
-        lines = (head or "").split()
-        if len(lines) != 2:
-            return {"path": str(self.folder)}
-        dirty = bool(diff or untracked)
-        digest = hashlib.sha256(f"{diff}\0{untracked}".encode()).hexdigest() if dirty else None
-        return {"root": lines[0], "commit": lines[1], "dirty": dirty, "diff_sha256": digest}
-
-
-def installed_packages() -> dict[str, str]:
-    """Every installed distribution's version, by name: read from the names of the ``*.dist-info`` and
-    ``*.egg-info`` folders on ``sys.path`` (``torch-2.13.0.dist-info``), as ``importlib.metadata`` finds them, first
-    one on the path winning, without reading each one's metadata."""
-    versions: dict[str, str] = {}
-    for entry in sys.path:
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
-            continue
-        for name in names:
-            stem, dot, kind = name.rpartition(".")
-            if dot and kind in ("dist-info", "egg-info"):
-                project, _, version = stem.partition("-")
-                if project and version:
-                    versions.setdefault(project.lower().replace("_", "-"), version.partition("-")[0])
-    return dict(sorted(versions.items()))
-
-
+# ------------------------------------------------------------------------------------------------ platform
 def platform_facts() -> dict[str, Any]:
     """Python, torch, CUDA and cuDNN, the accelerators, and the switches that change torch's numerics."""
     import torch
@@ -323,20 +216,17 @@ def platform_facts() -> dict[str, Any]:
     }
 
 
-def this_host() -> str:
-    return socket.gethostname()
-
-
 # ------------------------------------------------------------------------------------------------ data order
 class DataOrder:
     """Digests of the first training batches this process reads (rank 0's share of each step), added to the
-    launch's record once they are read: each batch's tensors (dtype, shape and bytes) and other values, in order.
+    launch's record once they are read: each batch's tensors and arrays (dtype, shape and bytes) and other values,
+    in order.
 
     How many: :data:`DIGEST_BATCHES`, or ``RUNNER_DATA_DIGEST_BATCHES`` (a count, or ``all``: ``runner check-resume``
     digests every batch of its runs, to find the first one that a resumed run reads differently).
     """
 
-    def __init__(self, record: Path, *, first_batch: int) -> None:
+    def __init__(self, record: LaunchRecord, *, first_batch: int) -> None:
         self.record, self.first_batch = record, first_batch
         self.wanted = _digest_batches()
         self.digests: list[str] = []
@@ -356,21 +246,20 @@ class DataOrder:
             self.flush()
 
     def flush(self) -> None:
-        """Write what was digested into the record (the run may end before the wanted batches are read)."""
-        wait()
-        if not self.digests:
-            return
-        whole = hashlib.sha256("".join(self.digests).encode()).hexdigest()
-        order = {"first_batch": self.first_batch, "digest": whole, "batches": self.digests}
-        try:
-            update(self.record, data_order=order, own_generators=list(_own_generators))
-        except (OSError, ValueError) as error:  # the record is a help, never a reason to stop training
-            logger.warning("The data-order digest was not written into %s (%s)", self.record, error)
+        """Write what was digested, and the code versions, into the record (the run may end before the wanted
+        batches are read)."""
+        self.record.complete()
+        if self.digests:
+            whole = hashlib.sha256("".join(self.digests).encode()).hexdigest()
+            self.record.update(data_order={"first_batch": self.first_batch, "digest": whole, "batches": self.digests})
 
 
 def _digest_batches() -> float:
     value = os.environ.get(DIGEST_BATCHES_ENV, "")
     return math.inf if value == "all" else int(value) if value.isdigit() else DIGEST_BATCHES
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # a repr's memory address, which differs from one run to the next
 
 
 def _feed(hasher, value: Any) -> None:
@@ -380,6 +269,8 @@ def _feed(hasher, value: Any) -> None:
         tensor = value.detach().to("cpu").contiguous()
         hasher.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
         hasher.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    elif isinstance(value, (str, bytes, int, float, bool, type(None))):
+        hasher.update(f"V{value!r}".encode())
     elif isinstance(value, dict) or (hasattr(value, "keys") and hasattr(value, "__getitem__")):
         for key in value.keys():
             hasher.update(f"K{key}".encode())
@@ -388,8 +279,14 @@ def _feed(hasher, value: Any) -> None:
         hasher.update(f"L{len(value)}".encode())
         for item in value:
             _feed(hasher, item)
+    elif hasattr(value, "__array__"):  # a numpy array, a PIL image: its values, not its repr
+        import numpy
+
+        array = numpy.ascontiguousarray(numpy.asarray(value))
+        hasher.update(f"A{array.dtype}{array.shape}".encode())
+        hasher.update(array.tobytes() if array.dtype != object else repr(array.tolist()).encode())
     else:
-        hasher.update(f"V{value!r}".encode())
+        hasher.update(f"V{_ADDRESS.sub('', repr(value))}".encode())
 
 
 # ------------------------------------------------------------------------------------------ unsaved state
@@ -398,10 +295,13 @@ def note_generators(key: str, built: Any) -> None:
     its attributes, its modules' or those of the objects they hold, two levels down). No checkpoint saves such a
     generator, so a resumed run draws from it afresh: the record lists them (``own_generators``), and ``runner
     check-resume`` names them when a resumed run reads or computes differently."""
+    if _current is None:  # this process writes no record
+        return
     found = _generators_in(built, depth=2)
     if found:
         cls = f"{type(built).__module__}.{type(built).__qualname__}"
-        _own_generators.extend({"key": key, "class": cls, "attribute": name, "type": kind} for name, kind in found)
+        entries = ({"key": key, "class": cls, "attribute": name, "type": kind} for name, kind in found)
+        _current.own_generators.extend(entries)
 
 
 def _generator_type(value: Any) -> str | None:

@@ -32,6 +32,12 @@ POSITION_FIELDS = ("step", "epoch", "optimizer_steps", "accumulation_step", "acc
 _TIMINGS = re.compile(r"per_second|mfu|seconds|_time|time_", re.IGNORECASE)
 
 
+def is_timing(name: str) -> bool:
+    """Whether a logged value or metrics.json key measures the machine (throughput, MFU, wall time), not the
+    training: it differs between any two runs, so no comparison counts it."""
+    return bool(_TIMINGS.search(name))
+
+
 @dataclass(frozen=True)
 class Difference:
     """One thing that differs: ``what`` (``model weights``, ``logged train/loss``, ...), ``where`` in it (a tensor's
@@ -164,11 +170,12 @@ def differences(a: Any, b: Any, *, where: str = "") -> Iterator[tuple[str, str]]
 
         if not (numpy.shape(a) == numpy.shape(b) and numpy.array_equal(a, b)):
             yield where, "the arrays differ"
-    elif not _same_value(a, b):
+    elif not same_value(a, b):
         yield where, f"{_shown(a)} vs {_shown(b)}"
 
 
-def _same_value(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
+    """Equal values of one type, NaN equal to NaN (a logged NaN repeated is no difference)."""
     if isinstance(a, float) and isinstance(b, float):
         return a == b or (math.isnan(a) and math.isnan(b))
     return type(a) is type(b) and a == b
@@ -205,7 +212,7 @@ def logged_differences(
     logged at different steps; in the order of those steps."""
     found = []
     for tag in sorted(set(a) | set(b)):
-        if _TIMINGS.search(tag):
+        if is_timing(tag):
             continue
         if tag not in a or tag not in b:
             found.append(
@@ -224,7 +231,7 @@ def logged_differences(
                     )
                 )
                 break
-            if not _same_value(x[step], y[step]):
+            if not same_value(x[step], y[step]):
                 gap = abs(x[step] - y[step])
                 relative = gap / max(abs(x[step]), abs(y[step]), 1e-300)
                 detail = f"{x[step]!r} vs {y[step]!r} (by {gap:.3g}, {relative:.2e} relative)"

@@ -183,7 +183,7 @@ def run_worker(spec: RunSpec, *, environment: LaunchEnvironment) -> float | None
     try:
         return recipe.train(cfg, accelerator)
     finally:
-        launch_record.wait()  # a recipe without the training loop's data-order digest: the record is whole
+        launch_record.close()  # the launch's record is whole, whatever the recipe did
 
 
 def write_launch_record(spec: RunSpec, accelerator, recorded: dict[str, Any]) -> None:
@@ -208,7 +208,7 @@ def write_launch_record(spec: RunSpec, accelerator, recorded: dict[str, Any]) ->
     }
     try:
         launch_record.write(
-            spec.project_dir, config=recorded, overrides=spec.overrides,
+            spec.project_dir, config=recorded, overrides=spec.overrides, command=spec.command,
             resume=str(spec.resume) if spec.resume is not None else None, launch=launch, hosts=hosts,
         )  # fmt: skip
     except OSError as error:  # the run folder was checked writable: a record that fails is noted, not fatal

@@ -71,6 +71,9 @@ def test_an_evaluation_that_differs_alone_names_the_runs_metric(tmp_path):
 
 def test_the_report_leads_with_the_first_difference_and_the_resume_keeps_the_config_flags():
     assert Verdict([], None).report().startswith("resume is exact: ")
+    unchecked = Verdict([], None, ("a run saved no final checkpoint, so the weights were not compared",)).report()
+    assert unchecked == ("resume is exact in all that was compared, but a run saved no final checkpoint, so the "
+                         "weights were not compared.")  # fmt: skip
     report = Verdict([LOSS_AT_3, Finding("metrics.json eval/loss: 1 vs 2", False, None, "metrics")], "why so").report()
     assert report.splitlines() == ["resume is not exact: logged train/loss: step 3: 1.0 vs 2.0", "why: why so",
                                    "also different:", "  metrics.json eval/loss: 1 vs 2"]  # fmt: skip

@@ -14,11 +14,12 @@ from runner.folders.launch_record import DataOrder, attempt_files, note_generato
 
 
 @pytest.fixture
-def fresh(monkeypatch):
-    """The module's per-process state, as in a process that has written nothing yet."""
-    monkeypatch.setattr(launch_record, "_written", None)
-    monkeypatch.setattr(launch_record, "_pending", None)
-    monkeypatch.setattr(launch_record, "_own_generators", [])
+def run(tmp_path):
+    """A run folder; whatever launch a test leaves open is closed after it."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    yield folder
+    launch_record.close()
 
 
 def _git(folder, *args):
@@ -26,7 +27,7 @@ def _git(folder, *args):
                    check=True, capture_output=True)  # fmt: skip
 
 
-def test_a_record_holds_the_launch_the_code_and_named_variables_only(tmp_path, monkeypatch, fresh):
+def test_a_record_holds_the_launch_the_code_and_named_variables_only(tmp_path, monkeypatch, run):
     lab = tmp_path / "lab"
     (lab / "mylab").mkdir(parents=True)
     (lab / "mylab" / "__init__.py").write_text("")
@@ -37,13 +38,10 @@ def test_a_record_holds_the_launch_the_code_and_named_variables_only(tmp_path, m
     monkeypatch.syspath_prepend(str(lab))
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     monkeypatch.setenv("WANDB_API_KEY", "do-not-record-me")
-    monkeypatch.setenv(launch_record.COMMAND_ENV, json.dumps(["/usr/bin/runner", "experiment=mine"]))
     config = {"seed": 7, "model": {"_target_": "mylab.Net"}, "loss": {"_target_": "torch.nn.MSELoss"}}
-    run = tmp_path / "run"
-    run.mkdir()
-    path = launch_record.write(run, config=config, overrides=["experiment=mine"], resume=None,
-                               launch={"world_size": 1}, hosts=["node-a"])  # fmt: skip
-    launch_record.wait()
+    path = launch_record.write(run, config=config, overrides=["experiment=mine"], resume=None, launch={"world_size": 1},
+                               command=["runner", "experiment=mine"], hosts=["node-a"]).path  # fmt: skip
+    launch_record.close()
     text = path.read_text()
     record = json.loads(text)
     assert path == run / "provenance" / "attempt_1.json" and record["attempt"] == 1
@@ -60,21 +58,24 @@ def test_a_record_holds_the_launch_the_code_and_named_variables_only(tmp_path, m
     assert record["platform"]["torch"] == torch.__version__ and record["platform"]["python"] == sys.version.split()[0]
 
     (lab / "mylab" / "__init__.py").write_text("X = 1\n")  # an uncommitted change: the next launch says so
-    second = launch_record.write(run, config=config, overrides=[], resume=str(run), launch={}, hosts=[])
-    launch_record.wait()
+    second = launch_record.write(run, config=config, overrides=[], command=[], resume=str(run), launch={},
+                                 hosts=[]).path  # fmt: skip
+    launch_record.close()
     changed = json.loads(second.read_text())["code"]["repositories"][str(lab)]
     assert second.name == "attempt_2.json" and changed["dirty"] and len(changed["diff_sha256"]) == 64
     assert [r["attempt"] for r in read_attempts(run)] == [1, 2] and attempt_files(run) == [path, second]
+    path.unlink()  # a gap in the numbers: the next record still comes after the highest, overwriting none
+    third = launch_record.write(run, config=config, overrides=[], command=[], resume=None, launch={}, hosts=[]).path
+    assert third.name == "attempt_3.json" and attempt_files(run) == [second, third]
 
 
-def test_the_data_order_digest_names_what_was_read_in_order(tmp_path, monkeypatch, fresh):
-    run = tmp_path / "run"
-    run.mkdir()
-    path = launch_record.write(run, config={}, overrides=[], resume=None, launch={}, hosts=[])
+def test_the_data_order_digest_names_what_was_read_in_order(monkeypatch, run):
+    record = launch_record.write(run, config={}, overrides=[], command=[], resume=None, launch={}, hosts=[])
+    path = record.path
     batches = [(torch.arange(6.0).reshape(2, 3) + i, {"labels": torch.tensor([i, i + 1])}) for i in range(5)]
 
     def digests(order_of, first_batch=0):
-        order = DataOrder(path, first_batch=first_batch)
+        order = DataOrder(record, first_batch=first_batch)
         for index in order_of:
             order.add(batches[index])
             if order.done:
@@ -86,16 +87,23 @@ def test_the_data_order_digest_names_what_was_read_in_order(tmp_path, monkeypatc
     assert same == again and len(same["batches"]) == launch_record.DIGEST_BATCHES == 4  # the first four
     swapped = digests([1, 0, 2, 3])
     assert swapped["digest"] != same["digest"] and swapped["batches"][:2] == same["batches"][1::-1]
-    retyped = DataOrder(path, first_batch=0)
+    retyped = DataOrder(record, first_batch=0)
     retyped.add((batches[0][0].double(), batches[0][1]))  # the same values in another dtype read differently
     assert retyped.digests[0] != same["batches"][0]
+    arrays = DataOrder(record, first_batch=0)
+    for value in (np.arange(3), np.arange(3), np.arange(4), object(), object()):  # values, not reprs, count
+        arrays.add(value)
+    assert arrays.digests[0] == arrays.digests[1] != arrays.digests[2] and arrays.digests[3] == arrays.digests[4]
     monkeypatch.setenv(launch_record.DIGEST_BATCHES_ENV, "all")
     everything = digests([0, 1, 2, 3, 4], first_batch=8)
     assert everything["first_batch"] == 8 and everything["batches"][:4] == same["batches"] and len(
         everything["batches"]) == 5  # fmt: skip
 
 
-def test_generators_of_an_objects_own_are_noted_with_where_they_are(fresh):
+def test_generators_of_an_objects_own_are_noted_with_where_they_are(run):
+    note_generators("data.train", random.Random(0))  # before a launch is recorded: nothing to note into
+    record = launch_record.write(run, config={}, overrides=[], command=[], resume=None, launch={}, hosts=[])
+
     class Jitter:
         def __init__(self):
             self.rng, self.inner, self.seed = random.Random(0), type("Holder", (), {})(), 3
@@ -106,7 +114,13 @@ def test_generators_of_an_objects_own_are_noted_with_where_they_are(fresh):
     note_generators("data.train", Jitter())
     note_generators("model", model)
     note_generators("loss", torch.nn.MSELoss())  # none of its own
-    shown = [(entry["key"], entry["attribute"], entry["type"]) for entry in launch_record._own_generators]
+    launch_record.close()
+    noted = json.loads(record.path.read_text())["own_generators"]
+    shown = [(entry["key"], entry["attribute"], entry["type"]) for entry in noted]
     assert shown == [("data.train", "rng", "random.Random"), ("data.train", "inner.numpy", "numpy.random.Generator"),
                      ("model", "1.generator", "torch.Generator")]  # fmt: skip
-    assert launch_record._own_generators[0]["class"].endswith("Jitter")
+    assert noted[0]["class"].endswith("Jitter")
+    launch_record.write(run, config={}, overrides=[], command=[], resume=None, launch={}, hosts=[])
+    note_generators("loss", torch.nn.MSELoss())  # the next launch of the process (a sweep's next job) starts afresh
+    launch_record.close()
+    assert json.loads(attempt_files(run)[-1].read_text())["own_generators"] == []
