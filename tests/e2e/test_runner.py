@@ -8,9 +8,11 @@ import re
 import torch
 from safetensors.torch import load_file
 
+import runner
 from runner.engine import load_checkpoint_in_model
 from runner.models import MnistCNN
 from tests.e2e.conftest import metrics, mnist_args, run_cli, run_cli_refusals
+from tests.shared_data import MNIST
 
 
 def scalars(log_dir):
@@ -91,6 +93,18 @@ def test_default_experiment_on_one_process(tmp_path):
     assert second["step"] == 20 and second["eval/loss"] != first["eval/loss"]
     assert metrics(run) == summary and {p: p.read_bytes() for p in written} == written
     assert f"Evaluated {checkpoint} (step 20): eval/loss" in (run / "run.log").read_text()
+
+    # Its launch record: one (runner eval writes none), with the command, the code, and the first batches read.
+    (record,) = [json.loads(path.read_text()) for path in (run / "provenance").iterdir()]
+    assert record["attempt"] == 1 and record["command"][:2] == ["runner", f"data.root={MNIST}"]
+    assert record["resume"] is None and record["seed"] == 42 and record["overrides"][-1] == "trainer.max_steps=20"
+    assert record["code"]["runner"]["version"] == runner.__version__ and record["code"]["repositories"] == {}
+    assert record["launch"] | {"hosts": None} == {
+        "world_size": 1, "processes_per_node": 1, "num_nodes": 1, "started_by": "runner", "device": "cpu",
+        "mixed_precision": "no", "gradient_accumulation_steps": 1, "parallel": {"strategy": "none"}, "hosts": None,
+    }  # fmt: skip
+    assert record["data_order"]["first_batch"] == 0 and len(record["data_order"]["batches"]) == 4
+    assert record["packages"]["torch"] == torch.__version__ and record["own_generators"] == []
 
 
 def test_mnist_ddp_with_fp16_scales_its_loss_and_says_what_it_costs_on_the_cpu(tmp_path):
@@ -346,6 +360,9 @@ def test_torchrun_ranks_join_one_group_and_one_run_folder(tmp_path):
     assert metrics(runs[0])["step"] == 3
     assert json.loads((runs[0] / "checkpoints" / "checkpoint_0" / "manifest.json").read_text())["world_size"] == 2
     assert (runs[0] / ".hydra" / "config.yaml").is_file()
+    (record,) = [json.loads(path.read_text()) for path in (runs[0] / "provenance").iterdir()]  # rank 0's, once
+    launch = record["launch"]
+    assert (launch["started_by"], launch["world_size"], len(launch["hosts"])) == ("torchrun", 2, 2)
 
 
 def test_recipe_can_be_a_users_own_module(tmp_path):
