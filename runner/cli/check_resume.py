@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,18 +63,55 @@ class Leg:
     seconds: float = 0.0
 
     def run(self) -> int:
+        """Run the command as ``runner ARGV`` would, forked from the runner's forkserver (torch, torchmetrics,
+        Hydra and the runner imported once, for all three runs), its output into :attr:`log`."""
+        import multiprocessing
+
+        from runner.launch import preload
+        from runner.training.startup import STARTUP_ENV
+
         started = time.perf_counter()
-        with open(self.log, "w") as log:
-            done = subprocess.run([sys.executable, "-m", "runner", *self.argv], env=self.env, stdout=log,
-                                  stderr=subprocess.STDOUT, check=False)  # fmt: skip
-        self.returncode, self.seconds = done.returncode, time.perf_counter() - started
-        return done.returncode
+        preload.start(extra=_LEG_PRELOAD)
+        env = {**self.env, STARTUP_ENV: f"command={time.time():.6f}"}  # its start-up record starts here, as a command's
+        process = multiprocessing.get_context("forkserver").Process(
+            target=_leg, args=(self.argv, env, str(self.log)), name=f"check-resume {self.name} run"
+        )
+        process.start()
+        process.join()
+        self.returncode, self.seconds = process.exitcode, time.perf_counter() - started
+        return self.returncode
 
     def error_line(self) -> str:
         """The run's own last sentence: its ``runner: error:`` line, else the last line it printed."""
         lines = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
         errors = [line for line in lines if line.startswith("runner: error:")]
         return (errors or lines or ["(it printed nothing)"])[-1]
+
+
+# What a run imports before its first step beyond the forkserver's own preload: the command line's and Hydra's.
+_LEG_PRELOAD = ("hydra", "omegaconf", "runner.cli", "runner.cli.app", "runner.config.check", "tensorboard")
+
+
+def _leg(argv: list[str], env: dict[str, str], log: str) -> None:
+    """In a process forked from the forkserver: become ``runner ARGV`` run in ``env``, writing to ``log``, as a
+    fresh interpreter would (the environment of the check, not the server's; this start method's children start
+    their own as a plain run does; the thread count of ``OMP_NUM_THREADS``)."""
+    import multiprocessing
+
+    descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(descriptor, 1)
+    os.dup2(descriptor, 2)
+    os.close(descriptor)
+    os.environ.clear()
+    os.environ.update(env)
+    multiprocessing.set_start_method(None, force=True)
+    threads = env.get("OMP_NUM_THREADS", "")
+    if threads.isdecimal() and int(threads) > 0 and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(threads))
+    sys.argv = ["runner", *argv]
+    from runner.cli import main as runner
+
+    runner()
 
 
 def main(argv: list[str]) -> int:

@@ -20,10 +20,11 @@ PRELOAD = ("runner.engine.forkserver", "torch", "torch._dynamo", "torchmetrics",
 SERVER_ENV = "RUNNER_FORKSERVER"  # runner.engine.forkserver.SERVER_ENV, which this module cannot import (torch)
 
 
-def start() -> None:
-    """Start the forkserver with :data:`PRELOAD` imported in it, unless it runs already (it imports in the background;
-    ``runner.engine.forkserver.start`` does the same, but importing it here would import torch first)."""
-    multiprocessing.set_forkserver_preload(list(PRELOAD))  # the server skips any that does not import
+def start(extra: tuple[str, ...] = ()) -> None:
+    """Start the forkserver with :data:`PRELOAD` (and ``extra``) imported in it, unless it runs already (it imports in
+    the background; ``runner.engine.forkserver.start`` does the same, but importing it here would import torch
+    first)."""
+    multiprocessing.set_forkserver_preload([*PRELOAD, *extra])  # the server skips any that does not import
     os.environ[SERVER_ENV] = "1"  # marks the server as runner.engine.forkserver.start does
     try:
         forkserver.ensure_running()

@@ -266,7 +266,7 @@ def test_mnist_fsdp_checkpoints_are_sharded_and_resume_exactly(tmp_path):
         "runner --cfg job` lists every key.",
         f"runner: error: --dir {kept}: {kept} exists; name a new folder, so that no run is overwritten.",
     ]
-    assert not any((tmp_path / "refused").iterdir())
+    assert not list((tmp_path / "refused").glob("runner-check-resume-*"))
 
 
 def test_typo_in_a_key_exits_2_with_one_sentence_and_creates_nothing(tmp_path):
