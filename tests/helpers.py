@@ -21,6 +21,19 @@ def regression_data(n: int = 64, features: int = 8, seed: int = 0) -> TensorData
     return TensorDataset(x, x @ w + 0.1 * torch.randn(n, 1, generator=generator))
 
 
+class StepCounter:
+    """A user object registered for checkpointing."""
+
+    def __init__(self):
+        self.count = 0
+
+    def state_dict(self):
+        return {"count": self.count}
+
+    def load_state_dict(self, state):
+        self.count = state["count"]
+
+
 class SampleCount:
     """A plain metric (no torchmetrics): how many samples it saw, to tell each sample was counted once."""
 

@@ -33,16 +33,24 @@ metrics up to the step it saved). The sections:
                precision, accumulation, parallel strategy, hosts)
   environment  the recorded environment variables that change what a run computes (- : unset)
   data order   whether the first training batches were read alike (their digests), else the first that differs
-  metrics      per TensorBoard scalar, the first step both runs logged at which its values differ (compared
-               exactly), both values and the difference; scalars only one side logged; the final values in
-               metrics.json that differ. Speed (train/*_per_second, train/mfu) and times are left out
+               (a side that read fewer of the same batches is no difference, and is said so)
+  state        two checkpoints' states, bit for bit: their position first (step, epoch, each loader's data
+               position), then the first tensors that differ (at most 20); compared only when both sides are
+               checkpoints, and a damaged checkpoint gets one line
+  metrics      per TensorBoard scalar, the first step at which its values differ (compared exactly) or that only
+               one side logged, both values and the difference; scalars only one side logged; the final values in
+               metrics.json that differ. A checkpoint's side ends at its step: what the other side logged after
+               it is not compared. Speed (train/*_per_second, train/mfu) and times are left out
 
 Code, packages, hardware, environment and data order come from each run's first launch record
 (provenance/attempt_1.json), and a later launch (a resume) that changed them is named; for a run written before
-records were kept those sections say "no launch record in <folder>", and its config and metrics are still
-compared. A section where nothing differs says "same". --json prints one JSON object with the same content.
+records were kept those sections say "no launch record in <folder>" (or why its first launch has none: a record
+that is not JSON, records that begin with a resume), and its config and metrics are still compared. A section
+where nothing differs says "same". --json prints one JSON object with the same content (a value that is not a
+finite number as the string "NaN", "Infinity" or "-Infinity").
 
-Exit status, as diff's: 0 when nothing differs, 1 when something does, 2 for a bad folder or command line.
+Exit status, as diff's: 0 when nothing differs, 1 when something does, 2 for a bad folder or command line
+(an unknown option is named, with the usage).
 Nothing in either folder is imported, run or resolved (a config is read as plain YAML; a ${key} naming another
 key of it is read as that key's value, and no resolver is called), and a folder holding a symbolic link is
 refused.
@@ -59,15 +67,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from runner.folders.layout import (
-    CONFIG_FILE,
-    HYDRA_DIR,
-    HYDRA_OVERRIDES_FILE,
-    LOG_FILE,
-    LOGS_DIR,
-    METRICS_FILE,
-    OVERRIDES_FILE,
-)
+from runner.folders.kinds import is_run_folder
+from runner.folders.layout import CONFIG_FILE, HYDRA_DIR, HYDRA_OVERRIDES_FILE, LOGS_DIR, METRICS_FILE, OVERRIDES_FILE
+from runner.folders.state_compare import is_timing, same_value
 
 USAGE = "usage: runner diff [--json] RUN_A RUN_B"
 FOLDERS = "pass a run folder, a sweep job's folder or a checkpoint folder"
@@ -75,7 +77,7 @@ IGNORED_KEYS = ("project.project_dir",)  # each run's own folder: differs betwee
 IGNORED_PREFIXES = ("hydra.",)
 ABSENT = "-"
 DEFAULT = "(default)"  # a value no override set: the config files gave it
-SPEED_TAGS = re.compile(r"(.*_per_second|train/mfu)")  # how fast, not what was computed: differs between any runs
+STATE_LIMIT = 20  # the state section's differences, at most: the position, then the first tensors
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][\w.\-\[\]]*)\}")  # ${key}: another key of the config, no resolver
 _HEX = re.compile(r"[0-9a-f]{40,}")
 _MISSING = object()  # a key one config lacks
@@ -87,7 +89,11 @@ def main(argv: list[str]) -> int:
         return 0
     as_json = "--json" in argv
     folders = [arg for arg in argv if arg != "--json"]
-    if len(folders) != 2 or any(arg.startswith("-") and not Path(arg).exists() for arg in folders):
+    unknown = next((arg for arg in folders if arg.startswith("-") and not Path(arg).exists()), None)
+    if unknown is not None:
+        print(f"runner: error: {unknown} is not an option of runner diff; {USAGE}", file=sys.stderr)
+        return 2
+    if len(folders) != 2:
         print(USAGE, file=sys.stderr)
         return 2
     from runner.config import ConfigError
@@ -99,7 +105,7 @@ def main(argv: list[str]) -> int:
         print(f"runner: error: {error}", file=sys.stderr)
         return 2
     report = compare(*sides)
-    print(json.dumps(report, indent=1, default=str) if as_json else render(report))
+    print(json.dumps(as_plain_json(report), indent=1, allow_nan=False) if as_json else render(report))
     return 0 if report["same"] else 1
 
 
@@ -115,8 +121,14 @@ class Side:
     overrides: list[str]
     step: int | None = None  # a checkpoint's step: its metrics are compared up to it
     records: list[dict] = field(default_factory=list)  # the launch records that made it, first launch first
+    is_checkpoint: bool = False
+    no_first_record: str | None = None  # why the first launch's record cannot be read, where it has one
+    unread_records: list[str] = field(default_factory=list)  # a sentence for each later record that is not one
 
     def record_notes(self) -> list[str]:
+        """Why this side's first launch record cannot be compared (none when it can)."""
+        if self.no_first_record:
+            return [self.no_first_record]
         return [] if self.records else [f"no launch record in {self.run_dir or self.folder}"]
 
 
@@ -139,7 +151,7 @@ def read_side(folder: Path) -> Side:
         raise ConfigError(f"{folder} is not a folder; {FOLDERS}.")
     if checkpoint_number(folder) is not None and (folder / MANIFEST_NAME).is_file():
         return _checkpoint_side(folder)
-    if _is_run(folder):
+    if is_run_folder(folder):
         return _run_side(folder)
     raise ConfigError(
         f"{folder} is neither a run (.hydra/, run.log, checkpoints/, provenance/) nor a checkpoint "
@@ -147,51 +159,68 @@ def read_side(folder: Path) -> Side:
     )
 
 
-def _is_run(folder: Path, *, checkpoints: bool = True) -> bool:
-    """Whether ``folder`` holds a run's files (``checkpoints=False``: other than its checkpoints)."""
-    from runner.engine.constants import CHECKPOINTS_DIR
-    from runner.folders.launch_record import PROVENANCE_DIR
-
-    names = (HYDRA_DIR, LOG_FILE, PROVENANCE_DIR, METRICS_FILE, *((CHECKPOINTS_DIR,) if checkpoints else ()))
-    return any((folder / name).exists() for name in names)
-
-
 def _run_side(folder: Path) -> Side:
     from runner.engine.checkpoint.folders import checkpoints_dir, committed_checkpoints
-    from runner.folders.launch_record import read_attempts
-    from runner.folders.layout import check_no_links
-    from runner.sweeps.jobs import JOB_FILE
+    from runner.folders.layout import JOB_FILE, check_no_links
 
     check_no_links(folder)
-    records = read_attempts(folder)
+    records, no_first_record, unread = launch_records(folder)
     config_file, overrides_file = folder / HYDRA_DIR / CONFIG_FILE, folder / HYDRA_DIR / HYDRA_OVERRIDES_FILE
     if not config_file.is_file() and (saved := committed_checkpoints(checkpoints_dir(folder))):
         config_file, overrides_file = saved[-1] / CONFIG_FILE, saved[-1] / OVERRIDES_FILE
     overrides = _overrides(overrides_file)
     if overrides is None:
-        overrides = [str(line) for line in records[0].get("overrides") or []] if records else []
+        recorded = records[0].get("overrides") if records else None
+        overrides = [str(line) for line in recorded] if isinstance(recorded, list) else []
     kind = f"job {folder.name} of sweep {folder.parent}" if (folder / JOB_FILE).is_file() else "run"
-    return Side(folder, kind, folder, _config(config_file), overrides, records=records)
+    return Side(folder, kind, folder, _config(config_file), overrides, records=records,
+                no_first_record=no_first_record, unread_records=unread)  # fmt: skip
 
 
 def _checkpoint_side(folder: Path) -> Side:
     from runner.engine.checkpoint import read_manifest
     from runner.engine.constants import CHECKPOINTS_DIR
-    from runner.folders.launch_record import read_attempts
     from runner.folders.layout import check_no_links
 
     run_dir = folder.parent.parent if folder.parent.name == CHECKPOINTS_DIR else None
-    if run_dir is not None and not _is_run(run_dir, checkpoints=False):
+    if run_dir is not None and not is_run_folder(run_dir, counting_checkpoints=False):
         run_dir = None  # a checkpoint copied out of its run: no records or logs to read
     check_no_links(run_dir or folder)
     manifest = read_manifest(folder, verify_checksums=False)
     step = manifest.get("step") if isinstance(manifest.get("step"), int) else None
     kind = f"checkpoint at step {step} of run {run_dir}" if run_dir else f"checkpoint at step {step}"
-    records = read_attempts(run_dir) if run_dir else []
+    records, no_first_record, unread = launch_records(run_dir) if run_dir else ([], None, [])
     created = manifest.get("created") if isinstance(manifest.get("created"), str) else None
     records = [record for record in records if _started_before(record, created)] or records[:1]
     overrides = _overrides(folder / OVERRIDES_FILE) or []
-    return Side(folder, kind, run_dir, _config(folder / CONFIG_FILE), overrides, step, records)
+    return Side(folder, kind, run_dir, _config(folder / CONFIG_FILE), overrides, step, records, is_checkpoint=True,
+                no_first_record=no_first_record, unread_records=unread)  # fmt: skip
+
+
+def launch_records(run_dir: Path) -> tuple[list[dict], str | None, list[str]]:
+    """The run's launch records that read as JSON objects, first launch first; why its first launch's record
+    cannot be compared (None when it can); and a sentence for each later record that does not read as one."""
+    from runner.folders.launch_record import attempt_files
+
+    records, no_first_record, unread, first_file = [], None, [], None
+    for path in attempt_files(run_dir):
+        try:
+            record = json.loads(path.read_text())
+            problem = None if isinstance(record, dict) else f"{path} is not a JSON object"
+        except OSError as error:
+            problem = f"{path} cannot be read ({error.strerror or error})"
+        except ValueError:
+            problem = f"{path} is not JSON"
+        if problem is None:
+            records.append(record)
+            first_file = first_file or path.name
+        elif path.name == "attempt_1.json":
+            no_first_record = problem
+        else:
+            unread.append(problem)
+    if no_first_record is None and records and (first_file != "attempt_1.json" or records[0].get("resume")):
+        no_first_record = f"no record of the first launch of {run_dir}: its records begin with a resume ({first_file})"
+    return records, no_first_record, unread
 
 
 def _started_before(record: dict, created: str | None) -> bool:
@@ -230,6 +259,7 @@ def compare(a: Side, b: Side) -> dict[str, Any]:
         "launch": records_section(a, b, _launch),
         "environment": records_section(a, b, lambda record: _mapping(record.get("environment"))),
         "data_order": data_order_section(a, b),
+        "state": state_section(a, b),
         "metrics": metrics_section(a, b),
     }
     same = all(section["same"] is not False for section in sections.values())
@@ -242,6 +272,7 @@ def _described(side: Side) -> dict[str, Any]:
         "kind": side.kind,
         "run_folder": str(side.run_dir) if side.run_dir else None,
         "step": side.step,
+        "checkpoint": side.is_checkpoint,
         "launches": len(side.records),
     }
 
@@ -255,10 +286,10 @@ def config_section(a: Side, b: Side) -> dict[str, Any]:
     differences, ignored = [], []
     for key in [*flat_a, *(key for key in flat_b if key not in flat_a)]:
         value_a, value_b = flat_a.get(key, _MISSING), flat_b.get(key, _MISSING)
-        if _equal(value_a, value_b):
+        if same_value(value_a, value_b):
             continue
         value_a, value_b = _expanded(value_a, flat_a), _expanded(value_b, flat_b)
-        if _equal(value_a, value_b):
+        if same_value(value_a, value_b):
             continue
         if key in IGNORED_KEYS or key.startswith(IGNORED_PREFIXES):
             ignored.append(key)
@@ -341,7 +372,8 @@ def _code(record: dict) -> dict[str, Any]:
     for root, repository in _mapping(code.get("repositories")).items():
         if not isinstance(repository, dict):
             continue
-        name = ",".join(repository.get("packages") or []) or root
+        packages = repository.get("packages") if isinstance(repository.get("packages"), list) else []
+        name = ",".join(package for package in packages if isinstance(package, str)) or root
         found.update({f"{name}.{field}": repository.get(field) for field in ("commit", "dirty", "diff_sha256")})
     return found
 
@@ -363,6 +395,7 @@ def records_section(a: Side, b: Side, facts) -> dict[str, Any]:
     notes = a.record_notes() + b.record_notes()
     if notes:
         return {"same": None, "differences": [], "notes": notes}
+    notes = [*a.unread_records, *b.unread_records]
     found_a, found_b = facts(a.records[0]), facts(b.records[0])
     differences = [
         {"name": name, "a": found_a.get(name), "b": found_b.get(name)}
@@ -390,47 +423,79 @@ def data_order_section(a: Side, b: Side) -> dict[str, Any]:
         return {"same": None, "a": None, "b": None, "first_different_batch": None, "notes": notes}
     order_a, order_b = orders
     same = order_a.get("digest") == order_b.get("digest") and order_a.get("first_batch") == order_b.get("first_batch")
-    first_different = None
+    first_different, fewer = None, None
     if not same:
         batches_a, batches_b = _batches(order_a), _batches(order_b)
         index = next((i for i, (x, y) in enumerate(zip(batches_a, batches_b, strict=False)) if x != y), None)
-        if index is None and order_a.get("first_batch") == order_b.get("first_batch"):
-            index = min(len(batches_a), len(batches_b))  # one read further than the other
-        if index is not None:
+        same_start = order_a.get("first_batch") == order_b.get("first_batch")
+        if index is None and same_start and len(batches_a) != len(batches_b):
+            # The same batches as far as both read: one side read fewer (a shorter run, or fewer digested).
+            same, fewer = True, "a" if len(batches_a) < len(batches_b) else "b"
+        elif index is not None:
             first = order_a.get("first_batch")
             first_different = (first if isinstance(first, int) else 0) + index
     shown = [{"first_batch": order.get("first_batch"), "digest": order.get("digest"),
               "batches": len(_batches(order))} for order in orders]  # fmt: skip
-    return {"same": same, "a": shown[0], "b": shown[1], "first_different_batch": first_different, "notes": []}
+    return {"same": same, "a": shown[0], "b": shown[1], "first_different_batch": first_different,
+            "fewer_batches": fewer, "notes": []}  # fmt: skip
 
 
 def _batches(order: dict) -> list:
     return order["batches"] if isinstance(order.get("batches"), list) else []
 
 
+def state_section(a: Side, b: Side) -> dict[str, Any]:
+    """Two checkpoints' states and positions, bit for bit
+    (:func:`~runner.folders.state_compare.checkpoint_differences`): the position first, then the first tensors
+    that differ, at most :data:`STATE_LIMIT`."""
+    from runner.engine.checkpoint import CheckpointError
+    from runner.folders.state_compare import checkpoint_differences
+
+    if not (a.is_checkpoint and b.is_checkpoint):
+        runs = [label for label, side in (("a", a), ("b", b)) if not side.is_checkpoint]
+        note = (f"{' and '.join(runs)} {'is a run' if len(runs) == 1 else 'are runs'}, not a checkpoint: name "
+                "checkpoints (<run>/checkpoints/checkpoint_N) to compare their states")  # fmt: skip
+        return {"same": None, "differences": [], "limited": False, "notes": [note]}
+    try:
+        found = checkpoint_differences(a.folder, b.folder, limit=STATE_LIMIT)
+    except (CheckpointError, OSError, ValueError, RuntimeError) as error:  # damaged since its manifest was read
+        return {"same": None, "differences": [], "limited": False, "notes": [f"not compared: {_sentence(error)}"]}
+    rows = [{"what": found.what, "where": found.where, "detail": found.detail} for found in found]
+    return {"same": not rows, "differences": rows, "limited": len(rows) >= STATE_LIMIT, "notes": []}
+
+
+def _sentence(error: Exception) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0]
+
+
 def metrics_section(a: Side, b: Side) -> dict[str, Any]:
-    """Per scalar both logged, the first step at which they differ; scalars one side lacks; final values."""
+    """Per scalar both logged, the first step at which their values differ or that only one side logged (up to a
+    checkpoint side's step); scalars one side lacks; final values."""
     scalars_a, scalars_b = _scalars(a), _scalars(b)
     notes = [f"no TensorBoard scalars in {side.run_dir or side.folder}/{LOGS_DIR}"
              for side, scalars in ((a, scalars_a), (b, scalars_b)) if not scalars]  # fmt: skip
-    speeds = sorted(tag for tag in {*scalars_a, *scalars_b} if SPEED_TAGS.fullmatch(tag))
-    if speeds:
-        notes.append(f"not compared: {', '.join(speeds)} (speed, which differs between any two runs)")
-    scalars_a, scalars_b = ({tag: points for tag, points in scalars.items() if tag not in speeds}
+    timings = sorted(tag for tag in {*scalars_a, *scalars_b} if is_timing(tag))
+    if timings:
+        notes.append(f"not compared: {', '.join(timings)} (speed and time, which differ between any two runs)")
+    scalars_a, scalars_b = ({tag: points for tag, points in scalars.items() if tag not in timings}
                             for scalars in (scalars_a, scalars_b))  # fmt: skip
-    differences = []
+    cut_off = min((side.step for side in (a, b) if side.is_checkpoint and side.step is not None), default=None)
+    differences, beyond = [], False
     for tag in (tag for tag in scalars_a if tag in scalars_b):
-        values_b = dict(scalars_b[tag])
-        for step, value_a in scalars_a[tag]:
-            if step in values_b and not _equal(value_a, values_b[step]):
-                differences.append(_divergence(tag, step, value_a, values_b[step]))
+        values_a, values_b = dict(scalars_a[tag]), dict(scalars_b[tag])
+        for step in sorted({*values_a, *values_b}):
+            if cut_off is not None and step > cut_off:
+                beyond = beyond or (step in values_a) != (step in values_b)
+                break
+            value_a, value_b = values_a.get(step), values_b.get(step)
+            if step not in values_a or step not in values_b or not same_value(value_a, value_b):
+                differences.append(_divergence(tag, step, value_a, value_b))
                 break
     differences.sort(key=lambda row: (row["step"], row["tag"]))
-    steps_a = sorted({step for points in scalars_a.values() for step, _ in points})
-    steps_b = sorted({step for points in scalars_b.values() for step, _ in points})
-    if steps_a and steps_b and (steps_a[0], steps_a[-1]) != (steps_b[0], steps_b[-1]):
-        notes.append(f"a logged steps {steps_a[0]}-{steps_a[-1]}, b {steps_b[0]}-{steps_b[-1]}: compared at the "
-                     "steps both logged")  # fmt: skip
+    if beyond:
+        which = "the earlier checkpoint" if a.is_checkpoint and b.is_checkpoint else "the checkpoint"
+        notes.append(f"steps after {cut_off}, where {which} was saved, are not compared")
     final, final_notes = _final_differences(a, b)
     only_a, only_b = sorted(set(scalars_a) - set(scalars_b)), sorted(set(scalars_b) - set(scalars_a))
     return {
@@ -455,21 +520,16 @@ def _scalars(side: Side) -> dict[str, list[tuple[int, float]]]:
     return {tag: points for tag, points in found.items() if points}
 
 
-def _equal(x: Any, y: Any) -> bool:
-    both_nan = isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)
-    return both_nan or x == y
-
-
-def _divergence(tag: str, step: int, value_a: float, value_b: float) -> dict[str, Any]:
-    difference = value_b - value_a
-    relative = difference / abs(value_a) if value_a and math.isfinite(value_a) else None
+def _divergence(tag: str, step: int, value_a: float | None, value_b: float | None) -> dict[str, Any]:
+    """A scalar's first difference: both values (None for the side that did not log the step), and by how much."""
+    difference = value_b - value_a if value_a is not None and value_b is not None else None
+    relative = difference / abs(value_a) if difference is not None and value_a and math.isfinite(value_a) else None
     return {"tag": tag, "step": step, "a": value_a, "b": value_b, "difference": difference, "relative": relative}
 
 
 def _final_differences(a: Side, b: Side) -> tuple[list[dict[str, Any]], list[str]]:
     """The metrics.json values that differ (its times left out); a checkpoint's side only where its run ended at
     the checkpoint's step."""
-    from runner.cli.report import TIMES
     from runner.folders.layout import final_metrics
 
     finals, notes = [], []
@@ -486,7 +546,7 @@ def _final_differences(a: Side, b: Side) -> tuple[list[dict[str, Any]], list[str
     return [
         {"metric": name, "a": finals[0].get(name), "b": finals[1].get(name)}
         for name in names
-        if name not in TIMES and not _equal(finals[0].get(name), finals[1].get(name))
+        if not is_timing(name) and not same_value(finals[0].get(name), finals[1].get(name))
     ], notes
 
 
@@ -512,6 +572,8 @@ def render(report: dict[str, Any]) -> str:
             for row in section["differences"]
         ])  # fmt: skip
     lines += _data_order_lines(report["data_order"])
+    if report["a"]["checkpoint"] or report["b"]["checkpoint"]:  # two runs: no state to compare, nothing to say
+        lines += _state_lines(report["state"])
     lines += _metrics_lines(report["metrics"])
     return "\n".join(lines)
 
@@ -533,9 +595,9 @@ def _heading(title: str, section: dict[str, Any], one: str, many: str) -> list[s
 
 
 def _rows(rows: list[list[str]]) -> list[str]:
-    from runner.cli.status import _table
+    from runner.cli import status
 
-    return [f"  {line}" for line in _table(rows).splitlines()] if len(rows) > 1 else []
+    return [f"  {line}" for line in status.table(rows).splitlines()] if len(rows) > 1 else []
 
 
 def _setting(row: dict[str, Any], label: str) -> str:
@@ -569,11 +631,35 @@ def _number(value: float) -> str:
     return str(single) if float(single) == value else repr(value)
 
 
+def _logged(value: float | None) -> str:
+    """A logged value in the metrics table; ``-`` where that side did not log the step."""
+    return ABSENT if value is None else _number(value)
+
+
+def as_plain_json(value: Any) -> Any:
+    """``value`` as strict JSON holds it: a float that is not finite as the string "NaN", "Infinity" or "-Infinity"
+    (JSON has no such numbers), any other value that is not JSON's as its text."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {str(key): as_plain_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_plain_json(item) for item in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
 def _data_order_lines(section: dict[str, Any]) -> list[str]:
     notes = [f"  {note}" for note in section["notes"]]
     if section["same"] is None:
         return ["data order: not compared", *notes]
     a, b = section["a"], section["b"]
+    if section["same"] and section.get("fewer_batches"):
+        fewer = section["fewer_batches"]
+        counts = f"{section[fewer]['batches']} vs {section['b' if fewer == 'a' else 'a']['batches']}"
+        return [f"data order: same as far as both read, from batch {a['first_batch']}; {fewer} read fewer batches "
+                f"({counts})"]  # fmt: skip
     if section["same"]:
         digest = _shown(a["digest"], short_digests=True)
         return [f"data order: same ({a['batches']} batches from batch {a['first_batch']}, digest {digest})"]
@@ -583,6 +669,20 @@ def _data_order_lines(section: dict[str, Any]) -> list[str]:
     for label, side in (("a", a), ("b", b)):
         rows.append([label, str(side["first_batch"]), str(side["batches"]), _shown(side["digest"], short_digests=True)])
     return [f"data order: differs {where}", *_rows(rows)]
+
+
+def _state_lines(section: dict[str, Any]) -> list[str]:
+    count = len(section["differences"])
+    if section["same"] is None:
+        state = "not compared"
+    elif count:
+        state = f"{count} difference{'s' if count != 1 else ''}" + (" (the first ones)" if section["limited"] else "")
+    else:
+        state = "same"
+    notes = [f"  {note}" for note in section["notes"]]
+    rows = [f"  {row['what']}: {row['where']}: {row['detail']}" if row["where"] else f"  {row['what']}: {row['detail']}"
+            for row in section["differences"]]  # fmt: skip
+    return [f"state: {state}", *notes, *rows]
 
 
 def _metrics_lines(section: dict[str, Any]) -> list[str]:
@@ -600,7 +700,8 @@ def _metrics_lines(section: dict[str, Any]) -> list[str]:
         state = f"differ in {' and '.join(reasons)}"
     lines = [f"metrics: {state}", *(f"  {note}" for note in section["notes"])]
     lines += _rows([["tag", "step", "a", "b", "b - a", "relative"]] + [
-        [row["tag"], str(row["step"]), _number(row["a"]), _number(row["b"]), f"{row['difference']:+.3g}",
+        [row["tag"], str(row["step"]), _logged(row["a"]), _logged(row["b"]),
+         f"{row['difference']:+.3g}" if row["difference"] is not None else ABSENT,
          f"{100 * row['relative']:+.3g}%" if row["relative"] is not None else ABSENT]
         for row in section["differences"]
     ])  # fmt: skip

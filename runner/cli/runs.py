@@ -10,9 +10,10 @@
     runner runs outputs/multirun/2026-12-05/10-00-00     (a sweep: its row, then one row per job)
     runner runs --expand optimizer.lr=0.001 --json
 
-A run folder holds run.log, checkpoints/ or .hydra/; a sweep folder holds multirun.yaml or job folders (job.json),
-and shows as one row (its jobs counted by status, the best objective of any job) that ``--expand`` opens into one
-row per job; a sweep named as FOLDER is always expanded.
+A run folder holds run.log, .hydra/, checkpoints/, provenance/ or metrics.json; a sweep folder holds multirun.yaml or
+job folders (job.json), and shows as one row (its jobs counted by status, the best objective of any job) that
+``--expand`` opens into one row per job; a sweep named as FOLDER is always expanded (see
+:mod:`runner.folders.kinds`).
 
 A run is running (a live process holds its folder's lock), finished (its last launch logged "Finished", or it has
 a metrics.json), failed (its last launch logged "Failed: ..."), preempted (stopped by a scheduler's signal at a
@@ -20,9 +21,10 @@ step all processes agreed on, with a checkpoint saved: ``runner resume=RUN`` con
 these: killed, or its machine went away). A sweep's job takes its status from its job.json (stopped and requeued
 jobs are preempted; a job of the grid that has not started is pending). step is the furthest step logged or
 checkpointed, of the max steps; last and best are the values of the config's objective (objective.metric, in its
-direction) from the TensorBoard logs, else metrics.json; duration is the wall time metrics.json or job.json
-records, else the time from the first launch to the last log line; resumes counts the launches after the first
-(provenance/, else the "Resumed at step" lines of run.log).
+direction) from the TensorBoard logs (that tag alone is read), else metrics.json; duration is the wall time
+metrics.json or job.json records, else the time from the first launch to run.log's last line (the time the line
+gives, which a copy keeps); resumes counts the launches after the first (provenance/, else, for a run begun
+before launch records were kept, the "Resumed at step" lines of run.log).
 
 Filters (a sweep is listed when any of its jobs passes all of them, and expanded to those jobs):
   --status STATUS[,STATUS]  running, finished, failed, preempted, interrupted or pending (repeatable)
@@ -34,8 +36,10 @@ Output:
   --json                    a JSON list of the rows (sweeps with their jobs), for scripts
 
 Everything is read from the folders as data (JSON, YAML, run.log, TensorBoard's event files): nothing in them is
-imported, resolved or run, and nothing is written. Links are not followed: a run or sweep holding a symbolic link is
-skipped with a note (refused, when it is FOLDER itself; see :func:`runner.folders.layout.check_no_links`).
+imported, resolved or run, and nothing is written; a sweep job is read from its own folder, wherever its job.json
+says it ran. Links are not followed: a run or sweep holding a symbolic link is skipped with a note (refused, when it
+is FOLDER itself; see :func:`runner.folders.layout.check_no_links`), and so is a folder that cannot be read. Hidden
+folders (.git, .venv) and Python's own trees (__pycache__, site-packages, a virtual environment) are not searched.
 """
 
 from __future__ import annotations
@@ -47,14 +51,15 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.config import ConfigError
-from runner.folders.layout import CONFIG_FILE, HYDRA_DIR, HYDRA_OVERRIDES_FILE, LOG_FILE, LOGS_DIR
+from runner.folders.kinds import is_run_folder, is_sweep_folder
+from runner.folders.layout import CONFIG_FILE, HYDRA_DIR, HYDRA_OVERRIDES_FILE, LOGS_DIR, MULTIRUN_FILE
+from runner.folders.run_log import first_logged, last_logged, messages
 
 if TYPE_CHECKING:
     from runner.sweeps.report import Job
@@ -73,7 +78,7 @@ AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 LAUNCH_STARTS = ("Running recipe ", "Resumed at step ")
 RESUMED, RUN_FOLDER = "Resumed at step ", "Run folder: "
 FAILED_LINE, STOPPED_LINE, FINISHED_LINE = "Failed: ", "Stopped after ", "Finished"
-_LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\]\[[^]]*\]\[[A-Z]+\] - (.*)$")
+NOT_SEARCHED = ("__pycache__", "node_modules", "site-packages")  # trees of code, never of runs (nor hidden ones)
 _MISSING = object()  # a key the config does not have: no filter value matches it
 _AGE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 
@@ -106,7 +111,7 @@ class Row:
     last: float | None = None
     best: float | None = None
     started: float | None = None  # seconds since the epoch: its first launch (provenance/, run.log's first line)
-    ended: float | None = None  # its last record: run.log's last change, or a job's end in job.json
+    ended: float | None = None  # its last record: run.log's last line, or a job's end in job.json
     duration_s: float | None = None
     resumes: int = 0
     config: Any = None  # the run's .hydra/config.yaml, plain and unresolved (the filters read it)
@@ -150,14 +155,22 @@ def main(argv: list[str]) -> int:
                 return 2
             skipped.append(f"{path}: {error}")
             continue
-        rows.append(read_sweep(path, root=folder) if is_sweep(path) else read_run(path, root=folder))
+        except OSError as error:  # a folder inside it we may not look into
+            skipped.append(f"{path}: {_unreadable(error, path)}")
+            continue
+        try:
+            rows.append(read_sweep(path, root=folder) if is_sweep_folder(path) else read_run(path, root=folder))
+        except OSError as error:
+            skipped.append(f"{path}: {_unreadable(error, path)}")
+        except ConfigError as error:  # a record it holds says something no run of ours writes
+            skipped.append(f"{path}: {error}")
     for note in skipped:
         print(f"runner: skipped {note}", file=sys.stderr)
     listed = sorted(filter(None, (matching(row, query) for row in rows)), key=_newest_first)
     if query.as_json:
         print(json.dumps([as_json(row) for row in listed], indent=1))
     elif listed:
-        print(table(listed, expand=query.expand or folder in found and is_sweep(folder)))
+        print(table(listed, expand=query.expand or folder in found and is_sweep_folder(folder)))
     if rows and not listed:
         print(f"runner: no run under {folder} passes the filters.", file=sys.stderr)
     return 0
@@ -251,50 +264,60 @@ def _filter(line: str) -> tuple[str, tuple[str, ...]]:
 # ---------------------------------------------------------------------------------------------------- finding
 def find(folder: Path) -> tuple[list[Path], list[str]]:
     """The run and sweep folders in ``folder`` (``folder`` itself, if it is one), and a note for each link to a
-    folder that was not followed. The folders inside a run or a sweep are its own (checkpoints, jobs)."""
+    folder that was not followed and each folder that could not be read. The folders inside a run or a sweep are
+    its own (checkpoints, jobs); hidden folders and trees of code (:data:`NOT_SEARCHED`, a virtual environment)
+    hold no runs and are not searched."""
     found, skipped, pending = [], [], [folder]
     while pending:
         current = pending.pop()
-        if is_sweep(current) or is_run(current):
+        if is_sweep_folder(current) or is_run(current):
             found.append(current)
             continue
         try:
             entries = sorted(os.scandir(current), key=lambda entry: entry.name, reverse=True)
-        except OSError:  # unreadable: nothing of it can be listed
+        except OSError as error:
+            skipped.append(f"{current}: {_unreadable(error, current)}")
             continue
         for entry in entries:
             if entry.is_symlink():
                 if os.path.isdir(entry.path):
                     skipped.append(f"{entry.path}: it is a symbolic link (to {os.readlink(entry.path)}), not followed.")
-            elif entry.is_dir():
+            elif entry.is_dir() and _searched(entry):
                 pending.append(Path(entry.path))
     return found, skipped
 
 
-def is_sweep(folder: Path) -> bool:
-    from runner.sweeps.jobs import JOB_FILE
+def _searched(entry: os.DirEntry) -> bool:
+    """Whether a folder met in the walk may hold runs: not a hidden one, a tree of code or a virtual environment."""
+    if entry.name.startswith(".") or entry.name in NOT_SEARCHED:
+        return False
+    try:
+        return not os.path.isfile(os.path.join(entry.path, "pyvenv.cfg"))
+    except OSError:
+        return True
 
-    return (folder / "multirun.yaml").is_file() or any(folder.glob(f"*/{JOB_FILE}"))
+
+def _unreadable(error: OSError, folder: Path) -> str:
+    """The note for ``folder``, which could not be read (``error``: what reading it, or a file in it, raised)."""
+    what = "it" if error.filename in (None, str(folder)) else str(error.filename)
+    return f"{what} cannot be read ({error.strerror or error})."
 
 
 def is_run(folder: Path) -> bool:
-    from runner.folders.launch_record import PROVENANCE_DIR
+    """A run folder (:func:`~runner.folders.kinds.is_run_folder`), or one a run starting has just claimed (its lock
+    is held, and nothing is written yet)."""
     from runner.launch.lock import is_locked
 
-    return (
-        (folder / LOG_FILE).is_file()
-        or any((folder / name).is_dir() for name in ("checkpoints", HYDRA_DIR, PROVENANCE_DIR))
-        or is_locked(folder)  # a run starting: its folder is claimed, and nothing written yet
-    )
+    return is_run_folder(folder) or is_locked(folder)
 
 
 # ---------------------------------------------------------------------------------------------------- reading
 def read_run(run: Path, *, root: Path, job: Job | None = None, name: str | None = None) -> Row:
     """One run folder as a row; a sweep's ``job`` (from :func:`runner.sweeps.report.collect`) gives its status,
     objective, curves and wall time."""
-    from runner.cli.status import logged
     from runner.folders.foreign_config import plain_config
     from runner.folders.layout import final_metrics
+    from runner.folders.run_log import latest_step
     from runner.sweeps.report import read_scalars
 
     config = plain_config(run / HYDRA_DIR / CONFIG_FILE)
@@ -312,12 +335,15 @@ def read_run(run: Path, *, root: Path, job: Job | None = None, name: str | None 
         direction=direction if direction in ("maximize", "minimize") else "maximize",
         config=config,
     )
-    step, values = logged(run)
+    step, values = latest_step(run)
     done, _, most = step.partition("/")
     steps = [int(done) if done.isdigit() else None, _integer(metrics.get("step")), _checkpoint_step(run)]
     row.step = max((step for step in steps if step is not None), default=None)
     row.max_steps = int(most) if most.isdigit() else _integer(_select(config, "trainer.max_steps"))
-    curves = job.curves if job is not None else read_scalars(run / LOGS_DIR)
+    if job is not None:
+        curves = job.curves
+    else:  # the objective's tag alone: a run's logs may hold thousands of other points
+        curves = read_scalars(run / LOGS_DIR, tags={row.objective}) if row.objective else {}
     row.last, row.best = _objective_values(row, curves=curves, metrics=metrics, logged=values)
     _place_in_time(row, job=job, metrics=metrics)
     row.status = run_status(run, metrics=metrics) if job is None else _job_status(job.status, locked=True)
@@ -325,21 +351,45 @@ def read_run(run: Path, *, root: Path, job: Job | None = None, name: str | None 
 
 
 def _place_in_time(row: Row, *, job: Job | None, metrics: dict) -> None:
-    """The run's start (its first launch's record, or run.log's first line), end, duration and resumes."""
-    from runner.folders.launch_record import read_attempts
-
+    """The run's start (its first launch's record, or run.log's first line), end (run.log's last line, or a job's
+    recorded end), duration and resumes."""
     run = row.folder
-    attempts = read_attempts(run)
-    starts = [_time(attempts[0].get("started_at")) if attempts else None, _first_logged(run)]
+    first_record = _first_launch_record(run)
+    starts = [_time(first_record.get("started_at")) if first_record else None, first_logged(run)]
     row.started = min((start for start in starts if start is not None), default=_mtime(run))
-    ends = [_mtime(run / LOG_FILE), _time(job.recorded_at) if job is not None and job.status != RUNNING else None]
+    ends = [last_logged(run), _time(job.recorded_at) if job is not None and job.status != RUNNING else None]
     row.ended = max((end for end in ends if end is not None), default=None)
-    row.resumes = len(attempts) - 1 if attempts else _count_resumes(run)
+    row.resumes = _resumes(run, first_record=first_record)
     wall_time = _number(job.wall_time_s) if job is not None else None
     wall_time = wall_time if wall_time is not None else _number(metrics.get("wall_time_s"))
     if wall_time is None and row.started is not None and row.ended is not None and row.ended >= row.started:
         wall_time = row.ended - row.started  # no record of it: from its first launch to its last log line
     row.duration_s = wall_time
+
+
+def _first_launch_record(run: Path) -> dict | None:
+    """The record of the run's first launch (provenance/attempt_1.json), None where there is none: the run began
+    before records were kept (its first record is of a resume), or the record is not a JSON object."""
+    from runner.folders.launch_record import attempt_files
+
+    files = attempt_files(run)
+    if not files or files[0].name != "attempt_1.json":
+        return None
+    try:
+        record = json.loads(files[0].read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and not record.get("resume") else None
+
+
+def _resumes(run: Path, *, first_record: dict | None) -> int:
+    """The launches after the first: one record each, where the first launch left one; else run.log's "Resumed
+    at step" lines (a run begun before records were kept has records of its later launches only)."""
+    from runner.folders.launch_record import attempt_files
+
+    if first_record is not None:
+        return len(attempt_files(run)) - 1
+    return sum(message.startswith(RESUMED) for _, message in messages(run))
 
 
 def _objective_values(row: Row, *, curves: dict, metrics: dict, logged: dict) -> tuple[float | None, float | None]:
@@ -404,7 +454,7 @@ def read_sweep(sweep: Path, *, root: Path) -> Row:
 
     name = _shown(sweep, root)
     jobs = []
-    for job in collect(sweep):
+    for job in collect(sweep, objective_curves_only=True):
         folder = sweep / job.name
         if job.status == PENDING or not folder.is_dir():
             try:
@@ -433,7 +483,7 @@ def summarize(sweep: Row, jobs: list[Row]) -> Row:
     sweep.best = (max if sweep.direction == "maximize" else min)(scored) if scored else None
     starts = [job.started for job in jobs if job.started is not None]
     ends = [job.ended for job in jobs if job.ended is not None]
-    sweep.started = min(starts) if starts else _mtime(sweep.folder / "multirun.yaml") or _mtime(sweep.folder)
+    sweep.started = min(starts) if starts else _mtime(sweep.folder / MULTIRUN_FILE) or _mtime(sweep.folder)
     sweep.ended = max(ends) if ends else None
     if sweep.started is not None and sweep.ended is not None and sweep.ended >= sweep.started:
         sweep.duration_s = sweep.ended - sweep.started
@@ -464,47 +514,19 @@ def experiment(run: Path) -> str:
     return chosen if isinstance(chosen, str) and chosen else "-"
 
 
-def _log_messages(run: Path, *, tail: bool) -> Iterator[tuple[str, str]]:
-    """``(time, message)`` of each line of run.log (its last megabyte with ``tail``), continuation lines left out."""
-    from runner.cli.status import LOG_TAIL_BYTES
-
-    path = run / LOG_FILE
-    try:
-        with open(path, "rb") as file:
-            if tail:
-                file.seek(max(0, os.fstat(file.fileno()).st_size - LOG_TAIL_BYTES))
-            for line in file:
-                found = _LOG_LINE.match(line.decode(errors="replace").rstrip("\n"))
-                if found is not None:
-                    yield f"{found.group(1)}.{found.group(2)}", found.group(3)
-    except OSError:
-        return
-
-
 def _last_launch(run: Path) -> list[str]:
     """The messages the run's last launch logged: those after the last line that starts one."""
-    messages = []
-    for _, message in _log_messages(run, tail=True):
+    lines = []
+    for _, message in messages(run, tail=True):
         if message.startswith(LAUNCH_STARTS) or _opens_launch(message):
-            messages = []
-        messages.append(message)
-    return messages
+            lines = []
+        lines.append(message)
+    return lines
 
 
 def _opens_launch(message: str) -> bool:
     """Whether ``message`` is a launch's first line, ``Run folder: <run>`` (a closing line names its checkpoint)."""
     return message.startswith(RUN_FOLDER) and "; newest checkpoint" not in message
-
-
-def _count_resumes(run: Path) -> int:
-    return sum(message.startswith(RESUMED) for _, message in _log_messages(run, tail=False))
-
-
-def _first_logged(run: Path) -> float | None:
-    """When run.log's first line was written (local time): the launching process's first line."""
-    for logged_at, _ in _log_messages(run, tail=False):
-        return datetime.strptime(logged_at, "%Y-%m-%d %H:%M:%S.%f").timestamp()
-    return None
 
 
 def _mtime(path: Path) -> float | None:
@@ -596,14 +618,14 @@ def _newest_first(row: Row) -> float:
 
 def table(rows: list[Row], *, expand: bool) -> str:
     """The rows under a header; each sweep's jobs under it with ``expand``."""
-    from runner.cli.status import _table
+    from runner.cli import status
 
     lines = [list(COLUMNS)]
     for row in rows:
         lines.append(_cells(row))
         if expand:
             lines += [_cells(job, indent="  ") for job in row.jobs]
-    return _table(lines)
+    return status.table(lines)
 
 
 def _cells(row: Row, *, indent: str = "") -> list[str]:

@@ -23,19 +23,18 @@ shows as the folder last saw it). A folder holding a link is refused, as everywh
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runner.folders.kinds import is_run_folder, is_sweep_folder
 from runner.folders.layout import METRICS_FILE, SUBMITIT_DIR
+from runner.folders.run_log import latest_step
 
 if TYPE_CHECKING:
     from runner.sweeps.report import Job
 
 USAGE = "usage: runner status RUN_OR_SWEEP_FOLDER"
-LOG_TAIL_BYTES = 1 << 20  # the part of run.log read: the latest steps are at its end
-_STEP = re.compile(r" - step (\d+)/(\d+|\?) \| (.*)$")
 
 
 def main(argv: list[str]) -> int:
@@ -55,46 +54,18 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"runner: error: {error}", file=sys.stderr)
         return 2
-    if _is_sweep(folder):
+    if is_sweep_folder(folder):
         print(sweep_table(folder))
-    elif (folder / "run.log").is_file() or (folder / "checkpoints").is_dir():
+    elif is_run_folder(folder):
         print(run_line(folder))
     else:
         print(
-            f"runner: error: {folder} holds neither a run (run.log, checkpoints/) nor a sweep (multirun.yaml, job "
-            "folders); pass a run folder or a sweep folder.",
+            f"runner: error: {folder} holds neither a run (run.log, .hydra/, checkpoints/, provenance/, metrics.json) "
+            "nor a sweep (multirun.yaml, job folders); pass a run folder or a sweep folder.",
             file=sys.stderr,
         )
         return 2
     return 0
-
-
-def _is_sweep(folder: Path) -> bool:
-    from runner.sweeps.jobs import JOB_FILE
-
-    return (folder / "multirun.yaml").is_file() or any(folder.glob(f"*/{JOB_FILE}"))
-
-
-def logged(run: Path) -> tuple[str, dict[str, str]]:
-    """The last step the run logged (``"120/300"``, ``"-"`` if none) and the latest value of each metric."""
-    path = run / "run.log"
-    try:
-        with open(path, "rb") as file:
-            file.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
-            lines = file.read().decode(errors="replace").splitlines()
-    except OSError:
-        return "-", {}
-    step, values = "-", {}
-    for line in lines:
-        found = _STEP.search(line)
-        if found is None:
-            continue
-        step = f"{found.group(1)}/{found.group(2)}"
-        for part in found.group(3).split(" | "):
-            key, _, value = part.strip().partition(" ")
-            if key and value:
-                values[key] = value
-    return step, values
 
 
 def sweep_table(sweep: Path) -> str:
@@ -110,7 +81,7 @@ def sweep_table(sweep: Path) -> str:
     rows = [["job", "status", "step", *columns, "detail"]]
     for job in jobs:
         run = sweep / job.name
-        step, values = logged(run) if run.is_dir() else ("-", {})
+        step, values = latest_step(run) if run.is_dir() else ("-", {})
         status = "queued" if job.status == "pending" and submitted else job.status
         detail = job.error
         slurm_job = queued_as(job, submissions.get(int(job.name)) if job.name.isdigit() else None)
@@ -121,7 +92,7 @@ def sweep_table(sweep: Path) -> str:
         if status == "finished" and (run / METRICS_FILE).is_file():
             values.update({key: _short(value) for key, value in job.metrics.items() if key in columns})
         rows.append([job.name, status, step, *(values.get(column, "-") for column in columns), detail])
-    return _table(rows)
+    return table(rows)
 
 
 def queued_as(job: Job, submission: dict[str, str] | None) -> str | None:
@@ -145,7 +116,7 @@ def run_line(run: Path) -> str:
     from runner.engine.checkpoint import checkpoints_dir, newest_intact_checkpoint
     from runner.launch.lock import is_locked
 
-    step, values = logged(run)
+    step, values = latest_step(run)
     if is_locked(run):
         status, detail = "running", ""
     elif (run / METRICS_FILE).is_file():
@@ -159,7 +130,7 @@ def run_line(run: Path) -> str:
             else "no checkpoint was saved"
         )
     columns = [key for key in ("train/loss", "eval/loss", "eval/accuracy") if key in values]
-    return _table([["run", "status", "step", *columns, "detail"],
+    return table([["run", "status", "step", *columns, "detail"],
                    [run.name, status, step, *(values[key] for key in columns), detail]])  # fmt: skip
 
 
@@ -167,7 +138,8 @@ def _short(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _table(rows: list[list[str]]) -> str:
+def table(rows: list[list[str]]) -> str:
+    """``rows`` (the first a header) as aligned columns, two spaces apart; the last column is not padded."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join(
         ("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1]).rstrip()

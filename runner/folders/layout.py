@@ -9,6 +9,8 @@
 <run>/model/               the final weights (model.safetensors; Hugging Face's config.json for its models)
 <run>/.hydra/              Hydra's record of the composed config and the overrides typed
 <run>/checkpoints/checkpoint_N/config.yaml, overrides.yaml   the run's config and overrides, in every checkpoint
+<sweep>/multirun.yaml      Hydra's record of a sweep (its sweeper and parameters)
+<sweep>/<job>/job.json     each sweep job's record (runner.sweeps.jobs reads and writes it)
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ HYDRA_DIR = ".hydra"
 HYDRA_OVERRIDES_FILE = "overrides.yaml"  # in HYDRA_DIR: the overrides as typed
 CONFIG_FILE = "config.yaml"  # in each checkpoint: the resolved config a resume starts from
 OVERRIDES_FILE = "overrides.yaml"  # in each checkpoint: the overrides a resume replays
+MULTIRUN_FILE = "multirun.yaml"  # in a sweep folder: Hydra's record of the sweep
+JOB_FILE = "job.json"  # in a sweep job's folder: its record
 
 
 def saved_overrides(checkpoint: Path) -> list[str]:

@@ -9,19 +9,20 @@ from pathlib import Path
 from typing import Any
 
 from runner.config import overrides as parsed
+from runner.folders.layout import JOB_FILE  # defined with the run folder's other names; the sweep's code reads it here
 
-JOB_FILE = "job.json"
 FINISHED, FAILED, RUNNING, STOPPED = "finished", "failed", "running", "stopped"  # a job's status
 REQUEUED = "requeued"  # stopped by submitit's signal, checkpoint saved, back in Slurm's queue (hydra/launcher=slurm)
 SUBMISSIONS_FILE = "slurm_jobs.json"  # in the sweep folder: {job number: {"slurm_job": "17_0", "submitted_at": ...}}
 
 
 def read_job(folder: str | os.PathLike) -> dict[str, Any] | None:
-    """The job record in ``folder``, or None if it has none (or an unreadable one)."""
+    """The job record in ``folder``, or None if it has none (or one that is not a JSON object)."""
     try:
-        return json.loads((Path(folder) / JOB_FILE).read_text())
+        record = json.loads((Path(folder) / JOB_FILE).read_text())
     except (OSError, ValueError):
         return None
+    return record if isinstance(record, dict) else None
 
 
 def read_submissions(sweep_dir: str | os.PathLike) -> dict[int, dict[str, str]]:

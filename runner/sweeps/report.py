@@ -6,8 +6,8 @@ Written after every job and at the end of a multirun; this command rebuilds them
 while the sweep runs or after some jobs failed. Everything is read from the folders alone: each
 job's ``job.json`` (overrides, status, error, wall time, objective; see runner.sweeps.job), its
 ``metrics.json`` (final metrics of a finished run) and its TensorBoard event files (the curves, and
-the step where the objective was best). Jobs of a grid sweep that have not started yet are listed
-as pending.
+the step where the objective was best), each in the job's own folder. Jobs of a grid sweep that have
+not started yet are listed as pending. Configs are read as plain YAML: nothing in them is resolved.
 """
 
 from __future__ import annotations
@@ -15,18 +15,19 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import math
 import os
 import sys
 import textwrap
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from runner.config import overrides as parsed
 from runner.files import write_atomically, write_text_atomically
-from runner.folders.layout import HYDRA_DIR, HYDRA_OVERRIDES_FILE, LOGS_DIR, METRICS_FILE
+from runner.folders.foreign_config import plain_config
+from runner.folders.layout import HYDRA_DIR, HYDRA_OVERRIDES_FILE, LOGS_DIR, MULTIRUN_FILE, final_metrics
 from runner.sweeps.jobs import JOB_FILE, read_job, swept_keys
 
 SUMMARY_CSV, SUMMARY_MD, SUMMARY_PNG = "summary.csv", "summary.md", "summary.png"  # in the sweep folder
@@ -56,34 +57,43 @@ class Job:
         return self.metrics.get(self.objective) if self.objective else None
 
 
-def collect(sweep_dir: Path) -> list[Job]:
-    """Every job of the sweep in ``sweep_dir``: those with a folder, then the grid's pending ones."""
+def collect(sweep_dir: Path, *, objective_curves_only: bool = False) -> list[Job]:
+    """Every job of the sweep in ``sweep_dir``: those with a folder, then the grid's pending ones.
+
+    Each job is read from its own folder in ``sweep_dir``: the ``project_dir`` its job.json names is where it ran,
+    which a moved or copied sweep no longer is (and a folder written elsewhere could name any path), so it is
+    never followed. ``objective_curves_only``: read only each job's objective from its TensorBoard logs (its
+    curves and metrics then hold that one), for a listing that shows nothing else.
+    """
     from runner.launch.lock import is_locked
 
     jobs = []
     for folder in _job_folders(sweep_dir):
         record = read_job(folder) or {}
-        overrides = record.get("overrides") or _hydra_overrides(folder)
-        status = record.get("status", "interrupted")
-        project_dir = Path(record.get("project_dir") or folder)
-        if status == "running" and not is_locked(project_dir):
+        overrides = _strings(record.get("overrides")) or _hydra_overrides(folder)
+        status = record.get("status") if isinstance(record.get("status"), str) else "interrupted"
+        if status == "running" and not is_locked(folder):
             status = "interrupted"  # its process is gone: killed, or its machine went away
-        objective = record.get("objective") or {}
+        objective = record.get("objective") if isinstance(record.get("objective"), dict) else {}
+        name, direction = objective.get("name"), objective.get("direction")
+        ended_at, started_at = record.get("ended_at"), record.get("started_at")
         job = Job(
             name=str(folder.relative_to(sweep_dir)),
-            overrides=list(overrides),
+            overrides=overrides,
             status=status,
-            objective=objective.get("name"),
-            direction=objective.get("direction", "maximize"),
-            wall_time_s=record.get("wall_time_s"),
-            error=record.get("error", ""),
-            recorded_at=record.get("ended_at") or record.get("started_at"),
+            objective=name if isinstance(name, str) and name else None,
+            direction=direction if direction in ("maximize", "minimize") else "maximize",
+            wall_time_s=_number(record.get("wall_time_s")),
+            error=record.get("error") if isinstance(record.get("error"), str) else "",
+            recorded_at=next((time for time in (ended_at, started_at) if isinstance(time, str) and time), None),
         )
-        job.curves = read_scalars(project_dir / LOGS_DIR)
+        if not objective_curves_only:
+            job.curves = read_scalars(folder / LOGS_DIR)
+        elif job.objective:
+            job.curves = read_scalars(folder / LOGS_DIR, tags={job.objective})
         job.metrics = {tag: points[-1][1] for tag, points in job.curves.items()}
-        metrics_file = project_dir / METRICS_FILE
-        if status == "finished" and metrics_file.is_file():
-            job.metrics.update(json.loads(metrics_file.read_text()))
+        if status == "finished":
+            job.metrics.update(final_metrics(folder))
         if job.objective and job.curves.get(job.objective):
             pick = max if job.direction == "maximize" else min
             job.best_step, job.best_value = pick(job.curves[job.objective], key=lambda point: point[1])
@@ -104,29 +114,28 @@ def _job_folders(sweep_dir: Path) -> list[Path]:
 
 
 def _hydra_overrides(folder: Path) -> list[str]:
-    path = folder / HYDRA_DIR / HYDRA_OVERRIDES_FILE
-    if not path.is_file():
-        return []
-    from omegaconf import OmegaConf
+    """The overrides Hydra recorded for a job, as written (an interpolation stays text); none if unreadable."""
+    return _strings(plain_config(folder / HYDRA_DIR / HYDRA_OVERRIDES_FILE)) or []
 
-    return [str(o) for o in OmegaConf.load(path)]
+
+def _strings(value: Any) -> list[str] | None:
+    """``value`` if it is a list of strings (an override list as a record holds it), else None."""
+    return list(value) if isinstance(value, list) and all(isinstance(line, str) for line in value) else None
 
 
 def grid(sweep_dir: Path) -> list[list[str]]:
-    """The overrides of every job of a grid sweep, from its multirun.yaml (none for other sweepers)."""
-    path = sweep_dir / "multirun.yaml"
-    if not path.is_file():
-        return []
-    from omegaconf import OmegaConf
-
-    config = OmegaConf.load(path)
-    target = str(OmegaConf.select(config, "hydra.sweeper._target_", default=""))
-    if not target.endswith(("BasicSweeper", "ResumableSweeper")):
+    """The overrides of every job of a grid sweep, from its multirun.yaml (none for other sweepers), read as plain
+    YAML: nothing in it is resolved (``${oc.env:...}`` stays text)."""
+    config = plain_config(sweep_dir / MULTIRUN_FILE)
+    sweeper = _node(config, "hydra", "sweeper")
+    target = sweeper.get("_target_")
+    if not isinstance(target, str) or not target.endswith(("BasicSweeper", "ResumableSweeper")):
         return []
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
-    arguments = [f"{k}={v}" for k, v in params.items()] + list(OmegaConf.select(config, "hydra.overrides.task") or [])
+    params = sweeper.get("params") if isinstance(sweeper.get("params"), dict) else {}
+    task = _strings(_node(config, "hydra", "overrides").get("task")) or []
+    arguments = [f"{key}={_text(value)}" for key, value in params.items()] + task
     try:
         grid = parsed.parse(arguments)
         return [job for batch in BasicSweeper.split_arguments(grid, None) for job in batch]
@@ -134,8 +143,26 @@ def grid(sweep_dir: Path) -> list[list[str]]:
         return []
 
 
-def read_scalars(logs: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar in the TensorBoard event files under ``logs``: tag -> [(step, value)] by step.
+def _node(config: Any, *keys: str) -> dict:
+    """The mapping at ``keys`` of a plain config, {} where there is none."""
+    for key in keys:
+        config = config.get(key) if isinstance(config, dict) else None
+    return config if isinstance(config, dict) else {}
+
+
+def _text(value: Any) -> str:
+    """A sweeper parameter's value as the command line would give it (YAML's null and booleans spelled as Hydra
+    reads them)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def read_scalars(logs: Path, *, tags: Collection[str] | None = None) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the TensorBoard event files under ``logs`` (only those of ``tags``, when given): tag ->
+    [(step, value)] by step.
 
     A resumed run logs the steps between its checkpoint and the interruption again, with the same
     values (resume is exact): the last value read for a step wins. A resume from an earlier checkpoint
@@ -156,6 +183,8 @@ def read_scalars(logs: Path) -> dict[str, list[tuple[int, float]]]:
                         for step in [step for step in points if step >= event.step]:
                             del points[step]
                 for value in event.summary.value:
+                    if tags is not None and value.tag not in tags:
+                        continue
                     if value.WhichOneof("value") == "simple_value":
                         scalars.setdefault(value.tag, {})[event.step] = float(value.simple_value)
         except Exception:  # a file cut short by a kill: keep what was read

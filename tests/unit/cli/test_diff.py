@@ -123,7 +123,7 @@ def test_two_runs_one_override_name_the_key_with_its_override_and_the_first_dive
         "environment: same\n"
         "data order: same (4 batches from batch 0, digest dddddddddddd)\n"
         "metrics: first differ at step 2 (train/loss)\n"
-        "  not compared: train/samples_per_second (speed, which differs between any two runs)\n"
+        "  not compared: train/samples_per_second (speed and time, which differ between any two runs)\n"
         "  tag         step  a    b     b - a  relative\n"
         "  train/loss  2     1.5  1.75  +0.25  +16.7%\n"
         "  only b logged: eval/loss\n"
@@ -242,14 +242,17 @@ def test_a_checkpoint_is_compared_with_its_config_and_the_metrics_up_to_its_step
         "hardware and launch: same\n"
         "environment: same\n"
         "data order: same (4 batches from batch 0, digest dddddddddddd)\n"
+        "state: not compared\n"
+        "  a is a run, not a checkpoint: name checkpoints (<run>/checkpoints/checkpoint_N) to compare their states\n"
         "metrics: same\n"
-        "  not compared: train/samples_per_second (speed, which differs between any two runs)\n"
+        "  not compared: train/samples_per_second (speed and time, which differ between any two runs)\n"
         f"  {b}/metrics.json is of step 5, not the checkpoint's 3: final metrics not compared\n"
     )
-    assert diff(capsys, a, b)[1].splitlines()[-7:] == [  # the run itself: it went on to step 5
-        "metrics: differ in final values",
-        "  not compared: train/samples_per_second (speed, which differs between any two runs)",
-        "  a logged steps 1-3, b 1-5: compared at the steps both logged",
+    assert diff(capsys, a, b)[1].splitlines()[-8:] == [  # the run itself: it went on to step 5, which a never logged
+        "metrics: first differ at step 4 (train/loss)",
+        "  not compared: train/samples_per_second (speed and time, which differ between any two runs)",
+        "  tag         step  a  b    b - a  relative",
+        "  train/loss  4     -  1.0  -      -",
         "  final values (metrics.json):",
         "    metric      a     b",
         "    step        3     5",
@@ -301,10 +304,12 @@ def test_identical_runs_are_the_same_in_every_section_and_exit_0(tmp_path, capsy
         "environment: same",
         "data order: same (4 batches from batch 0, digest dddddddddddd)",
         "metrics: same",
-        "  not compared: train/samples_per_second (speed, which differs between any two runs)",
+        "  not compared: train/samples_per_second (speed and time, which differ between any two runs)",
     ]
     report = json.loads(diff(capsys, a, b, "--json")[1])
-    assert report["same"] is True and all(report[name]["same"] for name in report if name not in ("a", "b", "same"))
+    sections = [name for name in report if name not in ("a", "b", "same", "state")]
+    assert report["same"] is True and all(report[name]["same"] for name in sections)
+    assert report["state"]["same"] is None  # two runs: no checkpoint's state is compared
 
 
 def test_runs_without_launch_records_still_compare_config_and_metrics(tmp_path, capsys):
@@ -345,12 +350,129 @@ def test_a_missing_folder_a_folder_that_is_no_run_and_a_link_are_refused_in_one_
     ))  # fmt: skip
 
 
-@pytest.mark.parametrize("argv", [[], ["one"], ["one", "two", "three"], ["--color", "one"]])
+@pytest.mark.parametrize("argv", [[], ["one"], ["one", "two", "three"]])
 def test_a_command_line_without_two_folders_prints_the_usage_and_exits_2(argv, capsys):
     assert diff(capsys, *argv) == (2, "", "usage: runner diff [--json] RUN_A RUN_B\n")
+
+
+def test_an_unknown_option_is_named_with_the_usage_and_exits_2(capsys):
+    assert diff(capsys, "--color", "one", "two") == (
+        2, "", "runner: error: --color is not an option of runner diff; usage: runner diff [--json] RUN_A RUN_B\n"
+    )  # fmt: skip
 
 
 def test_help_says_what_each_section_compares_and_the_exit_status(capsys):
     code, out, _ = diff(capsys, "--help")
     assert code == 0 and out.startswith("usage: runner diff [--json] RUN_A RUN_B\n\n    runner diff ")
     assert "Exit status, as diff's: 0 when nothing differs, 1 when something does, 2 for a bad folder" in out
+
+
+def make_state_checkpoint(run: Path, number: int, *, step: int, weight: list[float]) -> Path:
+    """``run/checkpoints/checkpoint_<number>`` saved at ``step``: a model of one tensor and one process's RNG state,
+    in the files a real checkpoint holds."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder = run / "checkpoints" / f"checkpoint_{number}"
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump(CONFIG, sort_keys=False))
+    (folder / "overrides.yaml").write_text(yaml.safe_dump([]))
+    save_file({"weight": torch.tensor(weight)}, str(folder / "model.safetensors"))
+    torch.save({"seed": torch.tensor([7])}, folder / "random_states_0.pt")
+    contents = {"models": 1, "optimizers": 0, "schedulers": 0, "custom_objects": 0, "dataloaders": 0,
+                "scaler": False, "gradients": False}  # fmt: skip
+    write_manifest(folder, world_size=1, iteration=number, state_format="safetensors", contents=contents,
+                   metadata={"step": step, "epoch": 0})  # fmt: skip
+    return folder
+
+
+def test_two_checkpoints_of_different_steps_differ_in_position_and_state(tmp_path, capsys):
+    run = make_run(tmp_path / "run", scalars={"train/loss": [(1, 2.0), (2, 1.5), (3, 1.25), (4, 1.0)]})
+    early = make_state_checkpoint(run, 0, step=2, weight=[0.0, 1.0, 2.0, 3.0])
+    late = make_state_checkpoint(run, 1, step=4, weight=[0.0, 1.0, 2.5, 3.0])
+    code, out, err = diff(capsys, early, late)
+    assert (code, err) == (1, "")
+    lines = out.splitlines()
+    state = lines.index("state: 2 differences")
+    assert lines[state + 1 : state + 3] == [
+        "  position: step: 2 vs 4",
+        "  model weights: weight: 1 of 4 values differ, by up to 0.5 (first at index 2: 2.0 vs 2.5)",
+    ]
+    assert lines[state + 3 :] == [  # what the later checkpoint's run logged after the earlier one is not counted
+        "metrics: same",
+        "  steps after 2, where the earlier checkpoint was saved, are not compared",
+        f"  {run}/metrics.json is of step 3, not the checkpoint's 2: final metrics not compared",
+        f"  {run}/metrics.json is of step 3, not the checkpoint's 4: final metrics not compared",
+    ]
+    report = json.loads(diff(capsys, early, late, "--json")[1])
+    assert report["state"]["differences"][0] == {"what": "position", "where": "step", "detail": "2 vs 4"}
+    assert report["state"]["same"] is False and report["same"] is False
+    again = make_state_checkpoint(tmp_path / "copy", 0, step=2, weight=[0.0, 1.0, 2.0, 3.0])
+    assert "state: same" in diff(capsys, early, again)[1]
+
+
+def test_a_damaged_checkpoint_gets_one_line_in_the_state_section(tmp_path, capsys):
+    run = make_run(tmp_path / "run")
+    first = make_state_checkpoint(run, 0, step=2, weight=[0.0, 1.0])
+    second = make_state_checkpoint(run, 1, step=2, weight=[0.0, 1.0])
+    damaged = bytearray((second / "model.safetensors").read_bytes())
+    damaged[-1] ^= 0xFF  # the same size: only its digest tells
+    (second / "model.safetensors").write_bytes(bytes(damaged))
+    code, out, err = diff(capsys, first, second)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    state = lines.index("state: not compared")
+    assert lines[state + 1].startswith(f"  not compared: {second}") and "model.safetensors" in lines[state + 1]
+    assert lines[state + 2] == "metrics: same"
+
+
+def test_a_corrupt_first_record_is_named_and_a_later_one_is_never_taken_for_the_first(tmp_path, capsys):
+    a, b = make_run(tmp_path / "a"), make_run(tmp_path / "b")
+    (a / PROVENANCE_DIR / "attempt_1.json").write_text("{not json")
+    (a / PROVENANCE_DIR / "attempt_2.json").write_text(json.dumps({**RECORD, "attempt": 2, "resume": str(a)}))
+    (b / PROVENANCE_DIR / "attempt_1.json").unlink()
+    (b / PROVENANCE_DIR / "attempt_2.json").write_text(json.dumps({**RECORD, "attempt": 2, "resume": str(b)}))
+    code, out, err = diff(capsys, a, b)
+    assert (code, err) == (0, "")
+    assert (
+        "code: not compared\n"
+        f"  {a / PROVENANCE_DIR / 'attempt_1.json'} is not JSON\n"
+        f"  no record of the first launch of {b}: its records begin with a resume (attempt_2.json)\n"
+    ) in out
+    assert "data order: not compared\n" in out
+
+
+def test_a_record_of_the_wrong_types_is_read_as_data(tmp_path, capsys):
+    record = changed(RECORD, code={"runner": {}, "repositories": {"/src/lab": {"packages": [1, "lab"], "commit": 3}}})
+    a = make_run(tmp_path / "a", record=record)
+    b = make_run(tmp_path / "b", record=changed(record, code__repositories={"/src/lab": {"packages": {"x": 1}}}))
+    code, out, err = diff(capsys, a, b)
+    assert (code, err) == (1, "")
+    assert "code: 1 field differs\n  field       a  b\n  lab.commit  3  -\n" in out  # named by its one package
+
+
+def test_one_side_reading_fewer_of_the_same_batches_is_said_so(tmp_path, capsys):
+    a = make_run(tmp_path / "a")
+    fewer = {"first_batch": 0, "digest": "e" * 64, "batches": ["b0", "b1", "b2"]}
+    b = make_run(tmp_path / "b", record=changed(RECORD, data_order=fewer))
+    code, out, _ = diff(capsys, a, b)
+    assert code == 0
+    assert "data order: same as far as both read, from batch 0; b read fewer batches (3 vs 4)\n" in out
+    assert json.loads(diff(capsys, a, b, "--json")[1])["data_order"]["fewer_batches"] == "b"
+
+
+def test_json_writes_values_that_are_not_finite_as_strings(tmp_path, capsys):
+    a = make_run(tmp_path / "a", scalars={"train/loss": [(1, 2.0), (2, float("nan"))]})
+    b = make_run(tmp_path / "b", scalars={"train/loss": [(1, 2.0), (2, float("inf"))]},
+                 metrics={**METRICS, "train/loss": float("-inf")})  # fmt: skip
+    code, out, _ = diff(capsys, a, b, "--json")
+
+    def refuse(constant: str):
+        raise AssertionError(f"{constant} is not JSON")
+
+    report = json.loads(out, parse_constant=refuse)
+    assert code == 1
+    assert report["metrics"]["first_divergence"] == {
+        "tag": "train/loss", "step": 2, "a": "NaN", "b": "Infinity", "difference": "NaN", "relative": None,
+    }  # fmt: skip
+    assert report["metrics"]["final"] == [{"metric": "train/loss", "a": 1.25, "b": "-Infinity"}]

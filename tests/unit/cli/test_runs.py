@@ -4,6 +4,7 @@ import struct
 from datetime import datetime
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from runner.cli.runs import USAGE, main, read_query
@@ -29,8 +30,9 @@ def _run(
     objective: tuple[str, str] = ("eval/accuracy", "maximize"),
     lr: float = 0.001,
 ) -> Path:
-    """A run folder as the runner leaves it: run.log (its first line at ``started``, local time, written last
-    ``seconds`` later), .hydra/, one provenance record per launch, and metrics.json when given."""
+    """A run folder as the runner leaves it: run.log (its first line at ``started``, local time, the others
+    ``seconds`` later; the file itself written now, as a copy is), .hydra/, one provenance record per launch, and
+    metrics.json when given."""
     (folder / ".hydra").mkdir(parents=True)
     config = {
         "seed": 42,
@@ -41,11 +43,11 @@ def _run(
     }
     (folder / ".hydra" / "config.yaml").write_text(json.dumps(config))  # JSON is YAML
     OmegaConf.save(OmegaConf.create(list(overrides)), folder / ".hydra" / "overrides.yaml")
-    stamp = _local(started).strftime("%Y-%m-%d %H:%M:%S")
-    lines = ["Running recipe supervised on Accelerator(distributed_type=NO, num_processes=1)", *messages]
-    (folder / "run.log").write_text("".join(f"[{stamp},000][runner][INFO] - {line}\n" for line in lines))
     start = _local(started).timestamp()
-    os.utime(folder / "run.log", (start + seconds, start + seconds))
+    first, later = (datetime.fromtimestamp(when).strftime("%Y-%m-%d %H:%M:%S") for when in (start, start + seconds))
+    lines = [f"[{first},000][runner][INFO] - Running recipe supervised on Accelerator(distributed_type=NO, "
+             "num_processes=1)\n", *(f"[{later},000][runner][INFO] - {line}\n" for line in messages)]  # fmt: skip
+    (folder / "run.log").write_text("".join(lines))
     if attempts:
         (folder / "provenance").mkdir()
         for number in range(1, attempts + 1):
@@ -400,3 +402,145 @@ def test_a_sweep_job_runs_while_its_lock_is_held(tmp_path, capsys):
         "folder  experiment  status       step  objective      last  best  duration  resumes",
         "0       mnist       interrupted  3/6   eval/accuracy  0.3   -     40.0 s    0",
     ]
+
+
+def test_a_moved_sweep_shows_its_own_values_and_never_reads_the_project_dir_its_records_name(tmp_path, capsys):
+    import shutil
+
+    sweep = _sweep(tmp_path / "before")
+    moved = tmp_path / "after" / "lr_sweep"
+    moved.parent.mkdir()
+    shutil.move(sweep, moved)
+    decoy = sweep / "1"  # where job 1's record says it ran: another run's folder now
+    _run(decoy, started="2026-12-06 10:00:30", messages=[_step(6, 0.99)], metrics={"eval/accuracy": 0.99, "step": 6})
+    _events(decoy / "logs", "eval/accuracy", [(6, 0.99)])
+    assert _listed(capsys, str(moved)) == [
+        "folder        experiment  status                           step  objective      last  best  duration    "
+        "resumes",
+        SWEEP_ROW.replace("lr_sweep  ", "lr_sweep      "),
+        *SWEEP_JOBS,
+    ]
+
+
+def test_interpolations_in_a_sweeps_files_stay_text_and_nothing_is_resolved(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RUNNER_TEST_SECRET", raising=False)  # resolving it would fail
+    sweep = _sweep(tmp_path)
+    _grid(sweep, ["experiment=mnist", "optimizer.lr=0.001,0.003,0.01,${oc.env:RUNNER_TEST_SECRET}"])
+    (sweep / "0" / ".hydra" / "overrides.yaml").write_text("- experiment=${oc.env:RUNNER_TEST_SECRET}\n")
+    (sweep / "0" / "job.json").unlink()  # its overrides come from .hydra/overrides.yaml
+    rows = _listed(capsys, str(sweep), "--json")
+    jobs = json.loads("\n".join(rows))[0]["jobs"]
+    assert [(job["folder"].rsplit("/", 1)[1], job["status"], job["experiment"]) for job in jobs] == [
+        ("0", "interrupted", "${oc.env:RUNNER_TEST_SECRET}"), ("1", "finished", "mnist"), ("2", "failed", "mnist"),
+        ("3", "pending", "mnist"),
+    ]  # fmt: skip
+
+
+def test_records_of_the_wrong_shape_get_no_traceback(tmp_path, capsys):
+    sweep = _sweep(tmp_path)
+    (sweep / "0" / "job.json").write_text("[1]")
+    (sweep / "1" / "metrics.json").write_text("{cut short")
+    (sweep / "2" / ".hydra" / "overrides.yaml").write_text("- [unclosed\n")
+    (sweep / "2" / "provenance" / "attempt_1.json").write_text("not json")
+    rows = _listed(capsys, str(sweep))
+    assert [row.split()[:3] for row in rows[2:]] == [
+        ["lr_sweep/0", "mnist", "interrupted"],  # its record unread: as a job that left none
+        ["lr_sweep/1", "mnist", "finished"],
+        ["lr_sweep/2", "-", "failed"],
+        ["lr_sweep/3", "mnist", "pending"],
+    ]
+
+
+def test_one_sweep_that_cannot_be_read_is_skipped_with_a_note(tmp_path, capsys, monkeypatch):
+    from runner.sweeps import report
+
+    _sweep(tmp_path)
+    broken = tmp_path / "broken_sweep"
+    _job(broken, 0, status="finished", lr="0.1", started="2026-12-01 10:00:00", seconds=5)
+    collect = report.collect
+
+    def unreadable(folder, **options):
+        if folder == broken:
+            raise PermissionError(13, "Permission denied", str(broken / "0" / "logs"))
+        return collect(folder, **options)
+
+    monkeypatch.setattr(report, "collect", unreadable)
+    assert main([str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert [row.split()[0] for row in captured.out.splitlines()] == ["folder", "lr_sweep"]
+    assert captured.err == f"runner: skipped {broken}: {broken / '0' / 'logs'} cannot be read (Permission denied).\n"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="permission bits do not stop root from reading")
+def test_a_folder_that_cannot_be_read_is_skipped_with_a_note(tmp_path, capsys):
+    _run(tmp_path / "kept", started="2026-12-07 03:00:00", messages=[_step(1, 0.1)])
+    closed = tmp_path / "closed"
+    _run(closed / "inside", started="2026-12-07 04:00:00", messages=[_step(1, 0.1)])
+    closed.chmod(0)
+    try:
+        assert main([str(tmp_path)]) == 0
+        captured = capsys.readouterr()
+    finally:
+        closed.chmod(0o755)
+    assert [row.split()[0] for row in captured.out.splitlines()] == ["folder", "kept"]
+    assert captured.err == f"runner: skipped {closed}: it cannot be read (Permission denied).\n"
+
+
+def test_a_run_begun_before_launch_records_counts_its_resumes_from_run_log(tmp_path, capsys):
+    resumed = [_step(2, 0.2), "Resumed at step 2 (epoch 0) from /runs/old", _step(4, 0.3),
+               "Resumed at step 4 (epoch 0) from /runs/old", _step(5, 0.35)]  # fmt: skip
+    old = _run(tmp_path / "old", started="2026-12-07 01:00:00", messages=resumed, attempts=2, seconds=50)
+    for number in (1, 2):  # records of its last two launches only: the first one predates them
+        path = old / "provenance" / f"attempt_{number}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "resume": str(old)}))
+    row = _listed(capsys, str(old))[1]
+    assert row == "old     -           interrupted  5/6   eval/accuracy  0.35  -     50.0 s    2"
+
+
+def test_the_duration_runs_to_the_last_line_of_run_log_whatever_the_files_time(tmp_path, capsys):
+    run = _run(tmp_path / "copied", started="2026-12-07 01:00:00", messages=[_step(3, 0.3)], seconds=75)
+    os.utime(run / "run.log", (2e9, 2e9))  # copied long after: the file's own time says nothing of the run
+    row = _listed(capsys, str(run))[1]
+    assert row == "copied  -           interrupted  3/6   eval/accuracy  0.3   -     1 min 15 s  0"
+
+
+def test_hidden_folders_and_trees_of_code_are_not_searched(tmp_path, capsys):
+    _run(tmp_path / "outputs" / "kept", started="2026-12-07 03:00:00", messages=[_step(1, 0.1)])
+    for hidden in (".git/lfs", ".venv/lib", "src/__pycache__", "env/lib/python3.11/site-packages/pkg"):
+        _run(tmp_path / hidden / "run", started="2026-12-07 04:00:00", messages=[_step(1, 0.1)])
+    (tmp_path / "env" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    _run(tmp_path / "plainenv" / "run", started="2026-12-07 04:00:00", messages=[_step(1, 0.1)])
+    (tmp_path / "plainenv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    assert [row.split()[0] for row in _listed(capsys, str(tmp_path))] == ["folder", "outputs/kept"]
+
+
+def test_the_objective_alone_is_read_from_the_logs(tmp_path, capsys, monkeypatch):
+    from runner.sweeps import report
+
+    run = _run(tmp_path / "run", started="2026-12-07 03:00:00", messages=[_step(6, 0.5)], seconds=20)
+    _events(run / "logs", "eval/accuracy", [(2, 0.4), (4, 0.6), (6, 0.5)])
+    asked = []
+    read_scalars = report.read_scalars
+    monkeypatch.setattr(report, "read_scalars", lambda logs, **how: asked.append(how) or read_scalars(logs, **how))
+    assert _listed(capsys, str(run))[1].split()[5:7] == ["0.5", "0.6"]
+    assert asked == [{"tags": {"eval/accuracy"}}]
+
+
+def test_a_folder_the_walk_cannot_open_is_skipped_with_a_note(tmp_path, capsys, monkeypatch):
+    from runner.cli import runs
+
+    _run(tmp_path / "kept", started="2026-12-07 03:00:00", messages=[_step(1, 0.1)])
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    scandir = os.scandir
+
+    def refusing(path):
+        if Path(path) == closed:
+            raise PermissionError(13, "Permission denied", str(closed))
+        return scandir(path)
+
+    monkeypatch.setattr(runs.os, "scandir", refusing)
+    assert main([str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert [row.split()[0] for row in captured.out.splitlines()] == ["folder", "kept"]
+    assert captured.err == f"runner: skipped {closed}: it cannot be read (Permission denied).\n"

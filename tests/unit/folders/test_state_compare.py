@@ -12,17 +12,7 @@ from runner.folders.state_compare import (
     logged_differences,
     tensor_difference,
 )
-
-
-class Counter:
-    def __init__(self):
-        self.count = 0
-
-    def state_dict(self):
-        return {"count": self.count}
-
-    def load_state_dict(self, state):
-        self.count = state["count"]
+from tests.helpers import StepCounter
 
 
 def _checkpoint(folder, *, nudge: bool = False, count: int = 3):
@@ -30,7 +20,7 @@ def _checkpoint(folder, *, nudge: bool = False, count: int = 3):
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    counter = Counter()
+    counter = StepCounter()
     counter.count = count
     accelerator.register_for_checkpointing(counter)
     model, optimizer = accelerator.prepare(model, optimizer)

@@ -343,3 +343,61 @@ def test_a_figure_title_is_wrapped_to_fit_its_figure():
         fits = box.x0 >= 0 and box.x1 <= figure.bbox.width
         plt.close(figure)
         assert fits == wrap, text  # as given it is clipped at both edges; wrapped it fits
+
+
+def test_a_moved_sweep_is_read_from_its_own_folders_never_from_the_project_dir_its_records_name(tmp_path):
+    import shutil
+
+    objective = {"name": "eval/accuracy", "direction": "maximize"}
+    original = tmp_path / "original"
+    done = _job(original / "0", ["optimizer.lr=0.1"], "finished", objective=objective)
+    (done / "metrics.json").write_text(json.dumps({"eval/accuracy": 0.75, "step": 5}))
+    moved = tmp_path / "moved"
+    shutil.move(original, moved)
+    elsewhere = tmp_path / "elsewhere"  # where the record says the job ran: someone else's folder now
+    elsewhere.mkdir()
+    (elsewhere / "metrics.json").write_text(json.dumps({"eval/accuracy": 0.01, "secret": 1.0}))
+    (original / "0").mkdir(parents=True)
+    (original / "0" / "metrics.json").write_text(json.dumps({"eval/accuracy": 0.02}))
+    record = json.loads((moved / "0" / "job.json").read_text())
+    assert record["project_dir"] == str(original / "0")
+    [job] = report.collect(moved)
+    assert (job.status, job.metrics) == ("finished", {"eval/accuracy": 0.75, "step": 5})
+    (moved / "0" / "job.json").write_text(json.dumps({**record, "project_dir": str(elsewhere)}))
+    [job] = report.collect(moved)
+    assert job.metrics == {"eval/accuracy": 0.75, "step": 5}
+
+
+def test_interpolations_in_a_sweeps_files_stay_text(tmp_path, monkeypatch):
+    monkeypatch.setenv("RUNNER_TEST_SECRET", "hunter2")
+    _grid_sweep(tmp_path, ["optimizer.lr=0.1,${oc.env:RUNNER_TEST_SECRET}", "seed=${oc.env:RUNNER_TEST_SECRET}"])
+    job = tmp_path / "0" / ".hydra"
+    job.mkdir(parents=True)
+    (job / "overrides.yaml").write_text("- optimizer.lr=0.1\n- seed=${oc.env:RUNNER_TEST_SECRET}\n")
+    jobs = report.collect(tmp_path)
+    escaped = r"$\{oc.env\:RUNNER_TEST_SECRET\}"  # as Hydra's grid writes a job's value: text, not resolved
+    assert [(job.name, job.status, job.overrides) for job in jobs] == [
+        ("0", "interrupted", ["optimizer.lr=0.1", "seed=${oc.env:RUNNER_TEST_SECRET}"]),
+        ("1", "pending", [f"optimizer.lr={escaped}", f"seed={escaped}"]),
+    ]
+    monkeypatch.delenv("RUNNER_TEST_SECRET")  # resolving it now would fail: nothing does
+    assert [job.overrides for job in report.collect(tmp_path)][1] == jobs[1].overrides
+
+
+def test_records_of_the_wrong_shape_are_read_as_none_and_a_job_as_far_as_it_can_be(tmp_path):
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "job.json").write_text("[1]")
+    assert read_job(tmp_path / "0") is None
+    finished = _job(tmp_path / "1", ["seed=1"], "finished", objective="eval/accuracy", wall_time_s="long", error=3)
+    (finished / "metrics.json").write_text("{cut short")
+    hydra = tmp_path / "2" / ".hydra"
+    hydra.mkdir(parents=True)
+    (hydra / "overrides.yaml").write_text("- [unclosed\n")
+    (tmp_path / "multirun.yaml").write_text("hydra: [unclosed\n")
+    jobs = report.collect(tmp_path)
+    assert [(job.name, job.status, job.overrides, job.objective, job.metrics) for job in jobs] == [
+        ("0", "interrupted", [], None, {}),
+        ("1", "finished", ["seed=1"], None, {}),
+        ("2", "interrupted", [], None, {}),
+    ]
+    assert (jobs[1].wall_time_s, jobs[1].error) == (None, "")

@@ -8,19 +8,7 @@ import torch
 from torch import nn
 
 from runner.engine import Accelerator, CheckpointError, ProjectConfiguration
-
-
-class StepCounter:
-    """A user object registered for checkpointing."""
-
-    def __init__(self):
-        self.count = 0
-
-    def state_dict(self):
-        return {"count": self.count}
-
-    def load_state_dict(self, state):
-        self.count = state["count"]
+from tests.helpers import StepCounter
 
 
 def build(project_dir=None, *, total_limit=None, automatic=True, precision="no"):
