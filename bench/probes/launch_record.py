@@ -9,6 +9,7 @@
   ``git`` queries for the runner's code and a user package's (a git work tree), against ``import torch``'s time in a
   fresh interpreter for scale.
 - ``wait``: collecting those queries (they ran meanwhile: in a run, while the model and data are built).
+- ``children CPU``: the CPU time of the ``git`` and hashing processes, per record.
 - ``digest``: the first 4 batches of MNIST (64 x 1 x 28 x 28 float32 and labels) and of the GPT preset (64 x 256
   int64 tokens and targets), against the training step they come with.
 - ``generators``: looking for random generators of their own in a GPT model's modules.
@@ -19,6 +20,7 @@ does not run it): no raw-PyTorch counterpart does this work.
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
@@ -46,18 +48,20 @@ def main() -> None:
     mnist = [(torch.rand(64, 1, 28, 28), torch.randint(0, 10, (64,))) for _ in range(4)]
     tokens = [(torch.randint(0, 65, (64, 256)), torch.randint(0, 65, (64, 256))) for _ in range(4)]
     model = GPT(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     with tempfile.TemporaryDirectory() as folder:
         for index in range(rounds):
             run = Path(folder) / str(index)
             run.mkdir()
             started = time.perf_counter()
-            path = launch_record.write(run, config=config, overrides=["x=1"], resume=None, launch={}, hosts=["h"])
+            record = launch_record.write(run, config=config, overrides=["x=1"], command=["runner", "x=1"],
+                                         resume=None, launch={}, hosts=["h"])  # fmt: skip
             times["write"].append(time.perf_counter() - started)
             started = time.perf_counter()
-            launch_record.wait()
+            record.complete()
             times["wait"].append(time.perf_counter() - started)
             for name, batches in (("digest MNIST", mnist), ("digest GPT", tokens)):
-                order = launch_record.DataOrder(path, first_batch=0)
+                order = launch_record.DataOrder(record, first_batch=0)
                 started = time.perf_counter()
                 for batch in batches:
                     order.add(batch)
@@ -65,10 +69,14 @@ def main() -> None:
             started = time.perf_counter()
             launch_record.note_generators("model", model)
             times["generators"].append(time.perf_counter() - started)
+            launch_record.close()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    child_cpu = (after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime) / rounds
     script = "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)"
     torch_import = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     for name, samples in times.items():
         print(f"  {name:<14} {statistics.median(samples) * 1e3:8.2f} ms")
+    print(f"  {'children CPU':<14} {child_cpu * 1e3:8.2f} ms")
     print(f"  {'import torch':<14} {float(torch_import.stdout) * 1e3:8.2f} ms   (a fresh interpreter, for scale)")
 
 

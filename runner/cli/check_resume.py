@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -71,14 +72,22 @@ class Leg:
         from runner.training.startup import STARTUP_ENV
 
         started = time.perf_counter()
-        preload.start(extra=_LEG_PRELOAD)
         env = {**self.env, STARTUP_ENV: f"command={time.time():.6f}"}  # its start-up record starts here, as a command's
-        process = multiprocessing.get_context("forkserver").Process(
-            target=_leg, args=(self.argv, env, str(self.log)), name=f"check-resume {self.name} run"
-        )
-        process.start()
-        process.join()
-        self.returncode, self.seconds = process.exitcode, time.perf_counter() - started
+        try:
+            preload.start(extra=_LEG_PRELOAD)
+            process = multiprocessing.get_context("forkserver").Process(
+                target=_leg, args=(self.argv, env, str(self.log)), name=f"check-resume {self.name} run"
+            )
+            process.start()
+        except OSError:  # no forkserver here (its socket's path under TMPDIR too long, say): a fresh interpreter
+            with open(self.log, "w") as log:
+                done = subprocess.run([sys.executable, "-m", "runner", *self.argv], env=self.env, stdout=log,
+                                      stderr=subprocess.STDOUT, check=False)  # fmt: skip
+            self.returncode = done.returncode
+        else:
+            process.join()
+            self.returncode = process.exitcode
+        self.seconds = time.perf_counter() - started
         return self.returncode
 
     def error_line(self) -> str:

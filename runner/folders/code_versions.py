@@ -8,7 +8,9 @@ as it streams, in a process of its own, and the names of untracked files). A pac
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -17,15 +19,22 @@ from typing import Any
 
 GIT_SECONDS = 10  # what collecting the git state of the code may take, in all, before it is recorded as unknown
 
-# Hashes what it reads, as it reads it: a large diff is never held in memory. Prints the digest and the byte count.
+# Hashes what it reads, as it reads it: a large diff is never held in memory. Prints the digest, as sha256sum does.
 _HASHER = (
     "import hashlib, sys\n"
-    "digest, size = hashlib.sha256(), 0\n"
+    "digest = hashlib.sha256()\n"
     "for chunk in iter(lambda: sys.stdin.buffer.read(1 << 20), b''):\n"
     "    digest.update(chunk)\n"
-    "    size += len(chunk)\n"
-    "print(digest.hexdigest(), size)\n"
+    "print(digest.hexdigest())\n"
 )
+_EMPTY = hashlib.sha256(b"").hexdigest()  # the digest of no change
+
+
+def _hasher() -> list[str]:
+    """A command that hashes its input as it streams and prints the SHA-256 digest first: coreutils' sha256sum where
+    it is (a millisecond), else a Python interpreter (tens of milliseconds)."""
+    found = shutil.which("sha256sum")
+    return [found] if found else [sys.executable, "-c", _HASHER]
 
 
 class CodeVersions:
@@ -69,7 +78,7 @@ class GitState:
             self.head = self._start([*git, "rev-parse", "--show-toplevel", "HEAD"])
             self.untracked = self._start([*git, "ls-files", "--others", "--exclude-standard"])
             diff = self._start([*git, "diff", "HEAD", "--binary", "--no-ext-diff"])
-            self.diff = self._start([sys.executable, "-c", _HASHER], stdin=diff.stdout)
+            self.diff = self._start(_hasher(), stdin=diff.stdout)
             diff.stdout.close()  # the hasher holds it now: git sees a closed pipe if the hasher ends first
         except OSError:  # no git on this machine
             self.stop()
@@ -104,13 +113,11 @@ class GitState:
         lines = (head or "").split()
         if len(lines) != 2:
             return {"path": str(self.folder)}
-        digest, _, size = (hashed or "").strip().partition(" ")
-        changed = size.isdigit() and int(size) > 0
+        digest = (hashed or "").split(" ")[0].strip()
+        changed = bool(digest) and digest != _EMPTY
         dirty = changed or bool(untracked)
         if not dirty:
             return {"root": lines[0], "commit": lines[1], "dirty": False, "diff_sha256": None}
-        import hashlib
-
         whole = hashlib.sha256(f"{digest if changed else ''}\0{untracked or ''}".encode()).hexdigest()
         return {"root": lines[0], "commit": lines[1], "dirty": True, "diff_sha256": whole}
 

@@ -4,6 +4,9 @@ import json
 import math
 import os
 import re
+import shutil
+import tempfile
+from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
@@ -248,15 +251,18 @@ def test_mnist_fsdp_checkpoints_are_sharded_and_resume_exactly(tmp_path):
     assert one["eval/accuracy"] == final["eval/accuracy"]
     assert math.isclose(one["eval/loss"], final["eval/loss"], rel_tol=1e-6)
 
-    # What check-resume sets itself, or cannot check, is refused before anything runs, and nothing is kept.
-    (tmp_path / "refused").mkdir()
+    # What check-resume sets itself, or cannot check, is refused before anything runs, and nothing is kept. (A
+    # temporary folder of a short path: the forkserver's socket lies in it, and a socket's path is at most 107 bytes.)
+    temporary = Path(tempfile.mkdtemp(prefix="refused-"))
     refused = run_cli_refusals(
         [["check-resume", "--steps", "4", "--cut", "4"], ["check-resume", "resume=outputs/x"],
          ["check-resume", "-m", "optimizer.lr=1e-3,1e-2"], ["check-resume", *common, "trainer.max_step=3"],
          ["check-resume", "--dir", str(kept)]],
-        cwd=tmp_path, env={"TMPDIR": str(tmp_path / "refused")},
+        cwd=tmp_path, env={"TMPDIR": str(temporary)},
     )  # fmt: skip
-    assert [result["returncode"] for result in refused] == [2, 2, 2, 2, 2]
+    left = list(temporary.glob("runner-check-resume-*"))
+    shutil.rmtree(temporary)
+    assert [result["returncode"] for result in refused] == [2, 2, 2, 2, 2], [result["stderr"] for result in refused]
     assert [result["stderr"].strip().splitlines()[-1] for result in refused] == [
         "runner: error: --cut 4: cut between step 1 and step 3 (--steps is 4).",
         "runner: error: resume=outputs/x: check-resume sets resume itself (it resumes its own interrupted run); "
@@ -266,7 +272,7 @@ def test_mnist_fsdp_checkpoints_are_sharded_and_resume_exactly(tmp_path):
         "runner --cfg job` lists every key.",
         f"runner: error: --dir {kept}: {kept} exists; name a new folder, so that no run is overwritten.",
     ]
-    assert not list((tmp_path / "refused").glob("runner-check-resume-*"))
+    assert left == []
 
 
 def test_typo_in_a_key_exits_2_with_one_sentence_and_creates_nothing(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from runner.folders import launch_record
+from runner.folders import code_versions, launch_record
 from runner.folders.launch_record import DataOrder, attempt_files, note_generators, read_attempts
 
 
@@ -63,6 +63,11 @@ def test_a_record_holds_the_launch_the_code_and_named_variables_only(tmp_path, m
     launch_record.close()
     changed = json.loads(second.read_text())["code"]["repositories"][str(lab)]
     assert second.name == "attempt_2.json" and changed["dirty"] and len(changed["diff_sha256"]) == 64
+    monkeypatch.setattr(code_versions.shutil, "which", lambda name: None)  # no sha256sum: Python hashes the diff
+    again = launch_record.write(run, config=config, overrides=[], command=[], resume=None, launch={}, hosts=[]).path
+    launch_record.close()
+    assert json.loads(again.read_text())["code"]["repositories"][str(lab)] == changed  # the same digest either way
+    again.unlink()
     assert [r["attempt"] for r in read_attempts(run)] == [1, 2] and attempt_files(run) == [path, second]
     path.unlink()  # a gap in the numbers: the next record still comes after the highest, overwriting none
     third = launch_record.write(run, config=config, overrides=[], command=[], resume=None, launch={}, hosts=[]).path
