@@ -44,7 +44,6 @@ USAGE = (
 DEFAULT_STEPS = 8
 # What check-resume itself sets: the user may not.
 _OWN_KEYS = ("resume", "hydra.run.dir", "hydra.sweep.dir", "trainer.max_steps", "evaluate_only")
-_LOG_TAIL = 12
 
 
 class Refused(Exception):
@@ -80,8 +79,9 @@ class Leg:
             )
             process.start()
         except OSError:  # no forkserver here (its socket's path under TMPDIR too long, say): a fresh interpreter
+            fresh = {name: value for name, value in self.env.items() if name != STARTUP_ENV}  # from its own start
             with open(self.log, "w") as log:
-                done = subprocess.run([sys.executable, "-m", "runner", *self.argv], env=self.env, stdout=log,
+                done = subprocess.run([sys.executable, "-m", "runner", *self.argv], env=fresh, stdout=log,
                                       stderr=subprocess.STDOUT, check=False)  # fmt: skip
             self.returncode = done.returncode
         else:
