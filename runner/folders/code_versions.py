@@ -55,6 +55,11 @@ class CodeVersions:
             if folder is not None and not folder.is_relative_to(runner_dir) and not installed(folder):
                 self.packages[package] = GitState(folder)  # else built in, the runner's, or an installed package
 
+    def answered(self) -> bool:
+        """Whether every git process has ended (its result would not wait)."""
+        queries = [self.runner, *self.packages.values()] if self.runner is not None else [*self.packages.values()]
+        return all(process.poll() is not None for query in queries for process in query.processes)
+
     def result(self) -> dict[str, Any]:
         deadline = time.monotonic() + GIT_SECONDS
         repositories: dict[str, dict[str, Any]] = {}

@@ -107,11 +107,15 @@ class LaunchRecord:
         self.path, self.code = path, code
         self.own_generators: list[dict[str, str]] = []
 
-    def complete(self) -> None:
-        """Add the code's versions, once git has answered (see :class:`~runner.folders.code_versions.CodeVersions`)."""
-        code, self.code = self.code, None
-        if code is not None:
-            self.update(code=code.result(), own_generators=self.own_generators)
+    def complete(self, *, wait: bool = True) -> None:
+        """Add the code's versions and the generators noted so far. The versions wait for git's answer (see
+        :class:`~runner.folders.code_versions.CodeVersions`), or, with ``wait=False``, come only if it has answered
+        already (the training loop must not wait on git: :func:`close` adds them at the launch's end)."""
+        fields: dict[str, Any] = {"own_generators": self.own_generators}
+        if self.code is not None and (wait or self.code.answered()):
+            code, self.code = self.code, None
+            fields["code"] = code.result()
+        self.update(**fields)
 
     def update(self, **fields: Any) -> None:
         """Set ``fields`` in the record, rewritten whole (atomically); a failure is a warning, never a stop."""
@@ -246,9 +250,9 @@ class DataOrder:
             self.flush()
 
     def flush(self) -> None:
-        """Write what was digested, and the code versions, into the record (the run may end before the wanted
-        batches are read)."""
-        self.record.complete()
+        """Write what was digested into the record, with what else is known by now (the run may end before the
+        wanted batches are read)."""
+        self.record.complete(wait=False)
         if self.digests:
             whole = hashlib.sha256("".join(self.digests).encode()).hexdigest()
             self.record.update(data_order={"first_batch": self.first_batch, "digest": whole, "batches": self.digests})

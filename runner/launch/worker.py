@@ -195,7 +195,6 @@ def write_launch_record(spec: RunSpec, accelerator, recorded: dict[str, Any]) ->
     if not accelerator.is_main_process:
         return
     config = spec.config
-    parallel = {key: value for key, value in recorded.get("parallel", {}).items()}
     launch = {
         "world_size": accelerator.num_processes,
         "processes_per_node": spec.launch.num_processes,
@@ -204,7 +203,7 @@ def write_launch_record(spec: RunSpec, accelerator, recorded: dict[str, Any]) ->
         "device": accelerator.device.type,
         "mixed_precision": config.trainer.mixed_precision,
         "gradient_accumulation_steps": config.trainer.gradient_accumulation_steps,
-        "parallel": parallel,
+        "parallel": dict(recorded.get("parallel", {})),
     }
     try:
         launch_record.write(
