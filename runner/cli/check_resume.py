@@ -446,9 +446,10 @@ def _cause(findings: list[Finding], records: dict[str, list[dict]], cut: Path, *
         and all(finding.what.startswith("logged eval/") for finding in logged)
         and not any(finding.what.startswith(("model", "optimizer")) for finding in state)
     ):
+        tags = {finding.what.removeprefix("logged eval/") for finding in logged}
         return (f"the weights and the training losses match but an evaluation after the resume does not: "
-                f"{_metric_names(cut)} keeps state from one evaluation to the next (reset() must clear all of it), "
-                "and a resumed run starts it afresh.")  # fmt: skip
+                f"{_metric_names(cut, tags)} keeps state from one evaluation to the next (reset() must clear all of "
+                "it), and a resumed run starts it afresh.")  # fmt: skip
     if state and all(finding.what.startswith("RNG states") for finding in state) and not logged:
         return (
             "the resumed run's random generators end in another state though everything else matches: "
@@ -489,8 +490,9 @@ def _device(records: dict[str, list[dict]]) -> str:
     return str(launch.get("device", "cpu")) if isinstance(launch, dict) else "cpu"
 
 
-def _metric_names(run: Path) -> str:
-    """The config's metrics, as ``metrics.<name> (<class>)``, from the run's record of its config (read as data)."""
+def _metric_names(run: Path, logged: set[str]) -> str:
+    """The config's metrics logged as ``eval/<name>`` for a name in ``logged`` (else all of them), as ``metrics.<name>
+    (<class>)``, from the run's record of its config (read as data)."""
     from runner.folders.foreign_config import plain_config
     from runner.folders.layout import HYDRA_DIR
 
@@ -498,6 +500,7 @@ def _metric_names(run: Path) -> str:
     metrics = config.get("metrics") if isinstance(config, dict) else None
     if not isinstance(metrics, dict) or not metrics:
         return "an evaluation metric"
+    chosen = {name: node for name, node in metrics.items() if name in logged} or metrics
     named = [f"metrics.{name} ({node.get('_target_')})" if isinstance(node, dict) else f"metrics.{name}"
-             for name, node in metrics.items()]  # fmt: skip
+             for name, node in chosen.items()]  # fmt: skip
     return named[0] if len(named) == 1 else "one of " + ", ".join(named)

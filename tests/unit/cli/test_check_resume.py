@@ -60,7 +60,7 @@ def test_each_reason_is_told_from_where_the_runs_first_differ(tmp_path):
 
 def test_an_evaluation_that_differs_alone_names_the_runs_metric(tmp_path):
     (tmp_path / ".hydra").mkdir()
-    metrics = {"metrics": {"f1": {"_target_": "lab.RunningF1"}}}
+    metrics = {"metrics": {"accuracy": {"_target_": "lab.Accuracy"}, "f1": {"_target_": "lab.RunningF1"}}}
     OmegaConf.save(OmegaConf.create(metrics), tmp_path / ".hydra" / "config.yaml")
     evaluated = Finding("logged eval/f1: step 4 ...", False, 4, "logged", "logged eval/f1")
     told = _cause([evaluated], _records(_record(), _record(), _record()), tmp_path, cut_step=2)
