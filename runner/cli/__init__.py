@@ -48,6 +48,10 @@ def main() -> None:
         from runner.cli.generate import main as generate
 
         sys.exit(generate(sys.argv[2:]))
+    if sys.argv[1:2] in (["status"], ["runs"], ["diff"]):  # verbs that print what they read: `| head` ends them
+        import signal
+
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quietly, as it ends ls or diff, rather than with a traceback
     if sys.argv[1:2] == ["status"]:  # where a run or each job of a sweep stands: runner/cli/status.py
         from runner.cli.status import main as status
 

@@ -1,6 +1,9 @@
 import json
 import os
+import signal
 import struct
+import subprocess
+import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -360,6 +363,16 @@ def test_the_default_folder_is_outputs_and_help_shows_the_usage(tmp_path, capsys
     assert main(["--help"]) == 0
     helped = capsys.readouterr().out
     assert helped.startswith(f"{USAGE}\n\n    runner runs\n") and "--since DATE|AGE" in helped
+
+
+def test_a_reader_that_stops_early_ends_the_listing_quietly(tmp_path):
+    for minute in range(3):
+        _run(tmp_path / f"03-0{minute}-00", started=f"2026-12-07 03:0{minute}:00", messages=[_step(1, 0.1)])
+    # The reader is gone before the command writes a line (runner runs | head, cut short): no traceback.
+    listing = subprocess.Popen([sys.executable, "-m", "runner", "runs", "--json", str(tmp_path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    listing.stdout.close()
+    assert listing.wait(timeout=60) == -signal.SIGPIPE and listing.stderr.read() == b""
 
 
 def test_links_are_never_followed(tmp_path, capsys):
