@@ -412,7 +412,7 @@ def _cause(findings: list[Finding], records: dict[str, list[dict]], cut: Path, *
     held = _generator_sentence(generators)
     processes = _process_counts(records)
     if processes is not None:
-        return (f"the resume ran on {processes[1]} processes and the straight run on {processes[0]}: another process "
+        return (f"the resume ran on {_processes(processes[1])} and the straight run on {processes[0]}: another process "
                 "count shards the data and sums the gradients differently, so only the state at the cut carries "
                 "over exactly; check with the same count to test the resume itself.")  # fmt: skip
     if first.before_cut:
@@ -473,6 +473,10 @@ def _generator_sentence(entries: list[dict]) -> str:
     if not parts:
         return ""
     return "; ".join(parts) + ", which no checkpoint saves"
+
+
+def _processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
 
 
 def _process_counts(records: dict[str, list[dict]]) -> tuple[int, int] | None:

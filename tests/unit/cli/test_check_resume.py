@@ -54,7 +54,7 @@ def test_each_reason_is_told_from_where_the_runs_first_differ(tmp_path):
     assert "register_for_checkpointing" in _cause([LOSS_AT_3], plain, tmp_path, cut_step=2)
     moved = _records(_record(world=2), _record(world=2), _record(world=1))
     assert _cause([LOSS_AT_3], moved, tmp_path, cut_step=2).startswith(
-        "the resume ran on 1 processes and the straight run on 2: another process count shards the data"
+        "the resume ran on 1 process and the straight run on 2: another process count shards the data"
     )
 
 
